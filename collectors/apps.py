@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class CollectorsConfig(AppConfig):
+    name = "collectors"
+    verbose_name = "Collectors"

@@ -1,0 +1,195 @@
+"""SparkOps settings.
+
+Defaults run with zero setup: SQLite and a file-system Celery broker under ``SPARKOPS_DATA_DIR``.
+Production values come from the environment (README, "Configuration"); a malformed value stops
+start-up with a message naming the variable (see ``sparkops.env``).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import socket
+from pathlib import Path
+
+import dj_database_url
+
+from sparkops.env import env_bool, env_float, env_int, env_list, env_optional, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(env_str("SPARKOPS_DATA_DIR", str(BASE_DIR / "var"))).resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    """The key from the environment, else one generated once and kept in the data directory."""
+    configured = env_optional("SPARKOPS_SECRET_KEY")
+    if configured:
+        return configured
+    key_file = DATA_DIR / "secret_key"
+    if not key_file.exists():
+        key_file.write_text(secrets.token_urlsafe(50))
+        key_file.chmod(0o600)
+    return key_file.read_text().strip()
+
+
+def _default_node_name() -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().lower()).strip("-") or "node"
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("SPARKOPS_DEBUG", False)
+ALLOWED_HOSTS = env_list("SPARKOPS_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("SPARKOPS_CSRF_TRUSTED_ORIGINS", [])
+
+# Behind TLS (a reverse proxy terminating HTTPS), set SPARKOPS_HTTPS=1: secure cookies, HSTS and the
+# redirect follow, and `manage.py check --deploy` passes.
+HTTPS = env_bool("SPARKOPS_HTTPS", False)
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_SSL_REDIRECT = HTTPS
+SECURE_HSTS_SECONDS = 31_536_000 if HTTPS else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
+SECURE_HSTS_PRELOAD = HTTPS
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if HTTPS else None
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "collectors",
+    "dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "sparkops.urls"
+WSGI_APPLICATION = "sparkops.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# SQLite in WAL mode with IMMEDIATE transactions lets the web server read while the worker writes;
+# the 20 s busy timeout covers a prune or roll-up holding the write lock.
+_SQLITE_URL = f"sqlite:///{DATA_DIR / 'sparkops.sqlite3'}"
+DATABASES = {"default": dj_database_url.parse(env_str("DATABASE_URL", _SQLITE_URL), conn_max_age=60)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard:overview"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env_str("SPARKOPS_TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    # plotly.min.js straight from the installed plotly package: GB10 sites are often offline.
+    "sparkops.staticfinders.PlotlyFinder",
+]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("SPARKOPS_LOG_LEVEL", "INFO")},
+}
+
+# --- SparkOps: this node and its collection ---------------------------------------------------
+# The node this process runs on. A central SparkOps watching a fleet runs one worker per node,
+# each started with its own SPARKOPS_NODE_NAME and consuming only that node's queue.
+SPARKOPS_NODE_NAME = env_str("SPARKOPS_NODE_NAME", _default_node_name())
+# Nodes the beat schedules collections for (a central beat for a fleet lists them all).
+SPARKOPS_BEAT_NODES = env_list("SPARKOPS_BEAT_NODES", [SPARKOPS_NODE_NAME])
+# Seconds between host-memory collections. Each collection watches MemAvailable for the whole
+# interval (see collectors.sampling), so a transient prefill buffer between two rows is not lost.
+SPARKOPS_COLLECT_INTERVAL = env_float("SPARKOPS_COLLECT_INTERVAL", 5.0, minimum=1.0)
+# How often MemAvailable is read inside an interval; 0.1 s catches any dip of 0.5 s or longer.
+SPARKOPS_DIP_PERIOD = env_float("SPARKOPS_DIP_PERIOD", 0.1, minimum=0.01)
+SPARKOPS_PROCFS = env_str("SPARKOPS_PROCFS", "/proc")
+SPARKOPS_RAW_RETENTION_DAYS = env_float("SPARKOPS_RAW_RETENTION_DAYS", 7, minimum=0.01)
+SPARKOPS_ROLLUP_RETENTION_DAYS = env_float("SPARKOPS_ROLLUP_RETENTION_DAYS", 90, minimum=1)
+SPARKOPS_MAX_CHART_POINTS = env_int("SPARKOPS_MAX_CHART_POINTS", 2000, minimum=100)
+
+# --- Celery -------------------------------------------------------------------------------------
+# The embedded default is kombu's file-system transport: beat and workers on one machine exchange
+# messages through a directory, no server needed. Set CELERY_BROKER_URL=redis://... for a fleet.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+_BROKER_DIR = DATA_DIR / "broker"
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    for _sub in ("queue", "processed", "control"):
+        (_BROKER_DIR / _sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_BROKER_DIR / "queue"),
+        "data_folder_out": str(_BROKER_DIR / "queue"),
+        "processed_folder": str(_BROKER_DIR / "processed"),
+        "control_folder": str(_BROKER_DIR / "control"),
+        "store_processed": False,
+    }
+else:
+    # A broker that accepts TCP but never answers must fail in seconds, not hang a publisher.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_timeout": 5, "socket_connect_timeout": 5}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+# Late acks plus reject-on-worker-lost: a task whose process is OOM-killed is re-run, not lost.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = "sparkops"
+CELERY_TIMEZONE = TIME_ZONE
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+
+# --- the web server started by `./sparkops start` -----------------------------------------------
+SPARKOPS_BIND = env_str("SPARKOPS_BIND", "127.0.0.1:8470")
