@@ -1,0 +1,1 @@
+"""What SparkOps knows about vLLM: launch flags, startup logs, /metrics, config findings."""

@@ -1,0 +1,162 @@
+"""What the overview shows about a node's host memory: the current figures and the chart data.
+
+Plain functions over the collectors' tables, shared by the HTML view and the JSON endpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from collectors.models import Collection, Metric, Node, Rollup, Sample
+from dashboard.downsample import SeriesPoint, break_long_gaps, downsample
+
+GIB = 1024**3
+
+RANGES: dict[str, timedelta] = {
+    "1h": timedelta(hours=1),
+    "6h": timedelta(hours=6),
+    "24h": timedelta(hours=24),
+    "7d": timedelta(days=7),
+    "30d": timedelta(days=30),
+}
+# Up to this span the chart reads raw samples (24 h at 5 s = 17,280 rows per series); longer
+# spans read the per-minute roll-ups.
+RAW_SPAN_LIMIT = timedelta(hours=24)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One headline number, with what it means. ``value`` is None when unknown (never 0)."""
+
+    key: str
+    metric: Metric
+    label: str
+    help: str
+    unit: str  # "GiB" or "%"
+
+
+FIGURES = [
+    Figure("mem_available", Metric.MEM_AVAILABLE, "MemAvailable",
+           "What the kernel can hand out without swapping, counting reclaimable page cache.", "GiB"),
+    Figure("mem_available_min", Metric.MEM_AVAILABLE_MIN, "Lowest MemAvailable in the interval",
+           "The dip a transient prefill buffer makes between two collections.", "GiB"),
+    Figure("mem_free", Metric.MEM_FREE, "MemFree (≈ CUDA free on GB10)",
+           "Truly unused memory. An engine starting now sees this as free, not MemAvailable.",
+           "GiB"),
+    Figure("page_cache_reclaimable", Metric.PAGE_CACHE_RECLAIMABLE, "Reclaimable page cache",
+           "Cached − Shmem + Buffers + SReclaimable: what dropping caches could give back.", "GiB"),
+    Figure("swap_used", Metric.SWAP_USED, "Swap in use",
+           "On GB10 swap use means memory ran short; running out wedges the host.", "GiB"),
+    Figure("psi_some_avg10", Metric.PSI_SOME_AVG10, "Memory pressure (some, avg10)",
+           "Share of the last 10 s in which some task stalled waiting for memory.", "%"),
+]
+
+
+def _scaled(figure: Figure, value: float | None) -> float | None:
+    if value is None:
+        return None
+    return round(value / GIB, 3) if figure.unit == "GiB" else round(value, 2)
+
+
+def current_headroom(node: Node, now: datetime, interval: float) -> dict:
+    """The latest collection's figures, whether it succeeded, and whether collection is stale."""
+    latest = Collection.objects.filter(node=node).order_by("-at").first()
+    last_failure = Collection.objects.filter(node=node, ok=False).order_by("-at").first()
+    payload: dict = {
+        "node": node.name,
+        "mem_total_gib": round(node.mem_total_bytes / GIB, 2) if node.mem_total_bytes else None,
+        "interval_seconds": interval,
+        "collected_at": latest.at.isoformat() if latest else None,
+        "age_seconds": round((now - latest.at).total_seconds(), 1) if latest else None,
+        "last_ok": latest.ok if latest else None,
+        "error": latest.error if latest and not latest.ok else "",
+        "last_failure": (
+            {"at": last_failure.at.isoformat(), "error": last_failure.error}
+            if last_failure else None
+        ),
+        "figures": [],
+    }
+    # Three intervals without a row means the worker or beat is not running.
+    payload["stale"] = latest is None or (now - latest.at).total_seconds() > 3 * interval + 5
+    samples = _latest_samples(node, latest) if latest and latest.ok else {}
+    for figure in FIGURES:
+        sample = samples.get(figure.metric)
+        value = sample.value if sample else None
+        if sample is None:
+            reason = latest.error if latest and not latest.ok else "no collection yet"
+        else:
+            reason = sample.note or ""
+        payload["figures"].append({
+            "key": figure.key,
+            "label": figure.label,
+            "help": figure.help,
+            "unit": figure.unit,
+            "value": _scaled(figure, value),
+            "unknown_reason": reason if value is None else None,
+        })
+    return payload
+
+
+def _latest_samples(node: Node, collection: Collection) -> dict[int, Sample]:
+    # The interval minimum is stored at the instant it was seen, inside the window.
+    rows = Sample.objects.filter(
+        node=node, at__gte=collection.window_started_at, at__lte=collection.at
+    ).order_by("at")
+    return {row.metric: row for row in rows}
+
+
+def chart_series(node: Node, range_key: str, now: datetime, max_points: int, interval: float
+                 ) -> dict:
+    """Series for the overview chart over ``range_key``, each at most ``max_points`` long."""
+    span = RANGES[range_key]
+    start = now - span
+    use_raw = span <= RAW_SPAN_LIMIT
+    failures = list(
+        Collection.objects.filter(node=node, ok=False, at__gte=start, at__lte=now)
+        .order_by("at").values_list("at", "error")
+    )
+    series = []
+    for figure in FIGURES:
+        points = _raw_points(node, figure.metric, start) if use_raw else \
+            _rollup_points(node, figure.metric, start)
+        points = _merge_failures(points, failures)
+        reduced = downsample(points, max_points) if points else []
+        bucket = span.total_seconds() / max(max_points // 3, 1)
+        step = max(3 * interval + 5, 2 * bucket) if use_raw else max(180.0, 2 * bucket)
+        reduced = break_long_gaps(reduced, step)
+        series.append({
+            "key": figure.key,
+            "label": figure.label,
+            "unit": figure.unit,
+            "x": [at.isoformat() for at, _ in reduced],
+            "y": [_scaled(figure, value) for _, value in reduced],
+        })
+    return {
+        "node": node.name,
+        "range": range_key,
+        "start": start.isoformat(),
+        "end": now.isoformat(),
+        "source": "raw" if use_raw else "rollup",
+        "max_points": max_points,
+        "series": series,
+        "failures": [{"at": at.isoformat(), "error": error} for at, error in failures],
+    }
+
+
+def _raw_points(node: Node, metric: Metric, start: datetime) -> list[SeriesPoint]:
+    rows = Sample.objects.filter(node=node, metric=metric, at__gte=start).order_by("at")
+    return [SeriesPoint(at, value, value) for at, value in rows.values_list("at", "value")]
+
+
+def _rollup_points(node: Node, metric: Metric, start: datetime) -> list[SeriesPoint]:
+    rows = Rollup.objects.filter(node=node, metric=metric, minute__gte=start).order_by("minute")
+    return [SeriesPoint(m, lo, hi) for m, lo, hi in rows.values_list("minute", "min", "max")]
+
+
+def _merge_failures(points: list[SeriesPoint], failures: list[tuple[datetime, str]]
+                    ) -> list[SeriesPoint]:
+    if not failures:
+        return points
+    gaps = [SeriesPoint(at, None, None) for at, _ in failures]
+    return sorted(points + gaps, key=lambda point: point.at)

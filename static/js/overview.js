@@ -1,0 +1,127 @@
+// Overview: live headroom figures and the host-memory chart.
+// Polls two small JSON endpoints; polls slow down while the tab is hidden or the server errors,
+// and resume at once when the tab is shown again.
+(function () {
+  "use strict";
+  const root = document.getElementById("overview");
+  if (!root) return;
+  const headroomUrl = root.dataset.headroomUrl;
+  const chartUrl = root.dataset.chartUrl;
+  const interval = Math.max(parseFloat(root.dataset.interval) || 5, 2) * 1000;
+  const HIDDEN_MAX = 5 * 60 * 1000;
+  let range = root.dataset.range;
+  let timers = {};
+  let delays = { headroom: interval, chart: 3 * interval };
+
+  const COLORS = {
+    mem_available: "#76b900", mem_available_min: "#e5534b", mem_free: "#4ea1ff",
+    page_cache_reclaimable: "#c792ea", swap_used: "#f0a020", psi_some_avg10: "#8b98a5",
+  };
+
+  function text(el, value) { if (el) el.textContent = value; }
+
+  function renderHeadroom(data) {
+    text(document.getElementById("collected-at"), data.collected_at || "never");
+    if (data.mem_total_gib !== null) text(document.getElementById("mem-total"), data.mem_total_gib + " GiB (MemTotal)");
+    const status = document.getElementById("status");
+    let message = "";
+    if (data.last_ok === false) message = "Last collection failed: " + data.error;
+    else if (data.stale) message = "No recent collection: is the SparkOps worker running on " + data.node + "?";
+    status.textContent = message;
+    status.className = message ? "banner warn" : "banner hidden";
+    for (const fig of data.figures) {
+      const box = document.querySelector('.figure[data-key="' + fig.key + '"]');
+      if (!box) continue;
+      const value = box.querySelector(".value");
+      const help = box.querySelector(".help");
+      if (fig.value === null) {
+        value.innerHTML = "";
+        const span = document.createElement("span");
+        span.className = "unknown";
+        span.title = fig.unknown_reason || "";
+        span.textContent = "unknown";
+        value.appendChild(span);
+        text(help, fig.unknown_reason || "");
+      } else {
+        text(value, fig.value + " " + fig.unit);
+        text(help, fig.help);
+      }
+    }
+  }
+
+  function renderChart(data) {
+    const traces = data.series.map(function (s) {
+      return {
+        x: s.x, y: s.y, name: s.label + (s.unit === "%" ? " (%)" : ""), type: "scattergl", mode: "lines",
+        connectgaps: false, yaxis: s.unit === "%" ? "y2" : "y",
+        line: { color: COLORS[s.key], width: s.key === "mem_available_min" ? 1 : 2,
+                dash: s.key === "mem_available_min" ? "dot" : "solid" },
+      };
+    });
+    const layout = {
+      paper_bgcolor: "#0f1419", plot_bgcolor: "#18202a", font: { color: "#e6edf3" },
+      margin: { l: 60, r: 60, t: 10, b: 40 }, legend: { orientation: "h" },
+      xaxis: { type: "date", range: [data.start, data.end], gridcolor: "#26313d" },
+      yaxis: { title: "GiB", rangemode: "tozero", gridcolor: "#26313d" },
+      yaxis2: { title: "pressure %", overlaying: "y", side: "right", rangemode: "tozero", showgrid: false },
+    };
+    Plotly.react("memory-chart", traces, layout, { displaylogo: false, responsive: true });
+    const note = document.getElementById("chart-note");
+    const failures = data.failures || [];
+    let message = "Source: " + (data.source === "raw" ? "raw samples" : "per-minute roll-ups") + ".";
+    if (failures.length) {
+      const last = failures[failures.length - 1];
+      message += " " + failures.length + " failed collection(s) in range (gaps); latest at " + last.at + ": " + last.error;
+    }
+    note.textContent = message;
+  }
+
+  function schedule(name, fn) {
+    clearTimeout(timers[name]);
+    const base = name === "chart" ? 3 * interval : interval;
+    let delay = delays[name];
+    if (document.hidden) delay = Math.min(Math.max(delay * 2, base * 4), HIDDEN_MAX);
+    delays[name] = delay;
+    timers[name] = setTimeout(fn, delay);
+  }
+
+  function poll(name, url, render) {
+    const run = function () {
+      fetch(url(), { credentials: "same-origin", headers: { Accept: "application/json" } })
+        .then(function (r) {
+          if (r.redirected || r.status === 401 || r.status === 403) { location.reload(); throw new Error("logged out"); }
+          if (!r.ok) throw new Error("HTTP " + r.status);
+          return r.json();
+        })
+        .then(function (data) {
+          render(data);
+          if (!document.hidden) delays[name] = name === "chart" ? 3 * interval : interval;
+        })
+        .catch(function () { delays[name] = Math.min(delays[name] * 2, HIDDEN_MAX); })
+        .finally(function () { schedule(name, run); });
+    };
+    return run;
+  }
+
+  const headroom = poll("headroom", function () { return headroomUrl; }, renderHeadroom);
+  const chart = poll("chart", function () { return chartUrl + "?range=" + encodeURIComponent(range); }, renderChart);
+
+  document.querySelectorAll(".ranges button").forEach(function (button) {
+    button.addEventListener("click", function () {
+      range = button.dataset.range;
+      document.querySelectorAll(".ranges button").forEach(function (b) { b.classList.toggle("active", b === button); });
+      history.replaceState(null, "", "?range=" + encodeURIComponent(range));
+      chart();
+    });
+  });
+
+  document.addEventListener("visibilitychange", function () {
+    if (document.hidden) return;
+    delays = { headroom: interval, chart: 3 * interval };
+    headroom();
+    chart();
+  });
+
+  headroom();
+  chart();
+})();

@@ -1,0 +1,137 @@
+"""The small shared world of the test suite: a node, procfs fixture trees, a logged-in client,
+and throwaway Redis and PostgreSQL servers started from the real Debian binaries."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from collectors.models import Node
+from collectors.procfs import Procfs
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PROJECT = Path(__file__).resolve().parent.parent
+GIB = 1024**3
+
+
+@pytest.fixture(autouse=True)
+def _plain_static_storage(settings) -> None:
+    # The manifest storage needs `collectstatic`; tests render templates without running it.
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+
+
+@pytest.fixture
+def node(db) -> Node:
+    return Node.objects.create(name="spark-a", hostname="spark-a", mem_total_bytes=int(121.69 * GIB))
+
+
+@pytest.fixture
+def procfs_tree(tmp_path: Path):
+    """Build a procfs root from a meminfo text (and optional PSI text)."""
+
+    def build(meminfo: str | None, pressure: str | None = None) -> Procfs:
+        root = tmp_path / f"proc-{uuid.uuid4().hex[:6]}"
+        (root / "pressure").mkdir(parents=True)
+        if meminfo is not None:
+            (root / "meminfo").write_text(meminfo)
+        if pressure is not None:
+            (root / "pressure" / "memory").write_text(pressure)
+        return Procfs(root)
+
+    return build
+
+
+@pytest.fixture
+def admin_client(client, django_user_model):
+    user = django_user_model.objects.create_superuser("admin", "", "a-long-test-password")
+    client.force_login(user)
+    return client
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout} s")
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory) -> Iterator[str]:
+    """A private redis-server on a free loopback port, nothing kept on disk."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed (Debian package redis-server)")
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("redis")
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _pg_bin(name: str) -> str:
+    candidates = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
+    if not candidates:
+        pytest.fail("PostgreSQL server binaries are missing (Debian package postgresql)")
+    return str(candidates[-1])
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory) -> Iterator[str]:
+    """A private PostgreSQL cluster in a temporary directory, on a free loopback port.
+
+    initdb refuses to run as root, so as root the cluster belongs to the ``postgres`` user.
+    """
+    datadir = tmp_path_factory.mktemp("pg") / "data"
+    datadir.mkdir()
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        shutil.chown(datadir.parent, "postgres")
+        shutil.chown(datadir, "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    port = free_port()
+    subprocess.run(
+        [*as_user, _pg_bin("initdb"), "-D", str(datadir), "-A", "trust", "-U", "postgres",
+         "--no-sync"],
+        check=True, stdout=subprocess.DEVNULL,
+    )
+    options = f"-p {port} -k {datadir} -c listen_addresses=127.0.0.1 -c fsync=off"
+    subprocess.run(
+        [*as_user, _pg_bin("pg_ctl"), "-D", str(datadir), "-o", options, "-w", "-l",
+         str(datadir / "log"), "start"],
+        check=True, stdout=subprocess.DEVNULL,
+    )
+    try:
+        subprocess.run([*as_user, _pg_bin("createdb"), "-h", "127.0.0.1", "-p", str(port),
+                        "-U", "postgres", "sparkops"], check=True)
+        yield f"postgresql://postgres@127.0.0.1:{port}/sparkops"
+    finally:
+        subprocess.run([*as_user, _pg_bin("pg_ctl"), "-D", str(datadir), "-m", "immediate",
+                        "stop"], stdout=subprocess.DEVNULL)

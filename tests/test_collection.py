@@ -1,0 +1,101 @@
+"""Collection into the database, including the dip a real allocation makes between two rows."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from collectors.hostmemory import collect_host_memory
+from collectors.meminfo import parse_meminfo
+from collectors.models import Collection, Metric, Sample
+from collectors.procfs import Procfs
+
+FIXTURES = Path(__file__).parent / "fixtures" / "procfs"
+GIB = 1024**3
+
+
+def _values(collection):
+    return {
+        s.metric: (s.value, s.note)
+        for s in Sample.objects.filter(node=collection.node, at__lte=collection.at)
+    }
+
+
+def test_collection_stores_every_metric_with_pressure(node, procfs_tree):
+    procfs = procfs_tree(
+        (FIXTURES / "meminfo-gb10").read_text(), (FIXTURES / "pressure-memory").read_text()
+    )
+
+    collection = collect_host_memory(node, procfs, duration=0.2, period=0.05)
+
+    values = _values(collection)
+    assert collection.ok and collection.reads >= 3
+    assert values[Metric.MEM_AVAILABLE][0] == 58112044 * 1024
+    assert values[Metric.MEM_AVAILABLE_MIN][0] == 58112044 * 1024
+    assert values[Metric.PSI_SOME_AVG10][0] == 1.25
+    assert values[Metric.CMA_FREE][0] == 0
+    node.refresh_from_db()
+    assert node.mem_total_bytes == 127600468 * 1024
+    assert node.last_collection_at == collection.at
+
+
+def test_missing_field_is_stored_as_null_with_its_reason(node, procfs_tree):
+    text = (FIXTURES / "meminfo-gb10").read_text().replace("MemFree:", "MemFree: n/a kB #")
+    procfs = procfs_tree(text)  # no PSI file either
+
+    collection = collect_host_memory(node, procfs, duration=0.05, period=0.05)
+
+    values = _values(collection)
+    assert collection.ok
+    assert values[Metric.MEM_FREE] == (None, "unreadable value 'n/a kB # 21203720 kB'")
+    assert values[Metric.PSI_SOME_AVG10] == (
+        None, "no /proc/pressure/memory (kernel without PSI)"
+    )
+    assert values[Metric.MEM_AVAILABLE][0] == 58112044 * 1024
+
+
+def test_unreadable_meminfo_is_a_failed_collection_with_the_reason(node, procfs_tree):
+    procfs = procfs_tree(None)
+
+    collection = collect_host_memory(node, procfs, duration=0.05, period=0.05)
+
+    assert not collection.ok
+    assert "meminfo does not exist" in collection.error
+    assert not Sample.objects.filter(node=node).exists()
+    assert Collection.objects.get(pk=collection.pk).error == collection.error
+
+
+_HOLDER = """
+import sys, time
+size = int(sys.argv[1])
+time.sleep(0.3)
+block = b"\\x01" * size  # written, so every page is really resident (takes a while in a VM)
+print(f"allocated {time.time()}", flush=True)
+time.sleep(1.0)
+end = time.time()
+del block
+print(f"released {end}", flush=True)
+"""
+
+
+def test_a_one_second_allocation_between_collections_is_the_interval_minimum(node):
+    """A real 1 GiB allocation held ~1 s inside one window shows up as the interval minimum."""
+    size = GIB
+    before = parse_meminfo(Procfs().meminfo()).mem_available
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(size)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        collection = collect_host_memory(node, Procfs(), duration=6.0, period=0.1)
+        output, _ = holder.communicate(timeout=15)
+    finally:
+        holder.kill()
+    allocated = [line.split() for line in output.splitlines() if line.startswith("allocated")][0]
+    released = [line.split() for line in output.splitlines() if line.startswith("released")][0]
+    minimum = Sample.objects.get(node=node, metric=Metric.MEM_AVAILABLE_MIN)
+    last = Sample.objects.get(node=node, metric=Metric.MEM_AVAILABLE)
+
+    assert minimum.value <= before - 0.8 * size
+    assert last.value >= minimum.value + 0.8 * size  # released before the window closed
+    dip_at = minimum.at.timestamp()
+    assert float(allocated[1]) <= dip_at <= float(released[1]) + 0.2
+    assert minimum.at < collection.at

@@ -1,0 +1,79 @@
+from datetime import datetime, timedelta, timezone
+
+from collectors.models import Collection, Metric, Rollup, Sample
+from collectors.retention import prune_node, rollup_node
+
+T0 = datetime(2026, 11, 1, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def _sample(node, at, value, metric=Metric.MEM_AVAILABLE):
+    return Sample(node=node, metric=metric, at=at, value=value)
+
+
+def test_rollup_makes_min_mean_max_per_minute_and_skips_unknowns(node):
+    Sample.objects.bulk_create([
+        _sample(node, T0 + timedelta(seconds=5), 10.0),
+        _sample(node, T0 + timedelta(seconds=10), 4.0),
+        _sample(node, T0 + timedelta(seconds=15), None),  # unknown: not averaged as 0
+        _sample(node, T0 + timedelta(seconds=20), 7.0),
+        _sample(node, T0 + timedelta(minutes=1, seconds=1), 3.0),
+        _sample(node, T0 + timedelta(seconds=5), 1.5, Metric.SWAP_USED),
+    ])
+
+    written = rollup_node(node, now=T0 + timedelta(minutes=5))
+
+    assert written == 3
+    first = Rollup.objects.get(node=node, metric=Metric.MEM_AVAILABLE, minute=T0)
+    assert (first.min, first.mean, first.max, first.count) == (4.0, 7.0, 10.0, 3)
+    second = Rollup.objects.get(node=node, metric=Metric.MEM_AVAILABLE,
+                                minute=T0 + timedelta(minutes=1))
+    assert (second.min, second.max, second.count) == (3.0, 3.0, 1)
+    node.refresh_from_db()
+    assert node.rolled_up_until == T0 + timedelta(minutes=4, seconds=0)
+
+
+def test_rollup_waits_for_the_grace_period_and_is_idempotent(node):
+    Sample.objects.create(node=node, metric=Metric.MEM_AVAILABLE, at=T0 + timedelta(seconds=50),
+                          value=5.0)
+
+    assert rollup_node(node, now=T0 + timedelta(seconds=70)) == 0  # minute closed 10 s ago
+    assert rollup_node(node, now=T0 + timedelta(seconds=95)) == 1
+    node.rolled_up_until = None
+    assert rollup_node(node, now=T0 + timedelta(seconds=95)) == 1
+    assert Rollup.objects.count() == 1
+
+
+def test_prune_keeps_raw_for_its_retention_and_rollups_longer(node):
+    now = T0 + timedelta(days=100)
+    Sample.objects.bulk_create([
+        _sample(node, now - timedelta(days=8), 1.0),
+        _sample(node, now - timedelta(days=6), 2.0),
+    ])
+    Collection.objects.create(node=node, at=now - timedelta(days=8),
+                              window_started_at=now - timedelta(days=8), ok=True)
+    Rollup.objects.bulk_create([
+        Rollup(node=node, metric=Metric.MEM_AVAILABLE, minute=now - timedelta(days=91),
+               min=1, max=1, mean=1, count=1),
+        Rollup(node=node, metric=Metric.MEM_AVAILABLE, minute=now - timedelta(days=89),
+               min=1, max=1, mean=1, count=1),
+    ])
+    node.rolled_up_until = now - timedelta(minutes=1)
+    node.save()
+
+    result = prune_node(node, now, raw_days=7, rollup_days=90)
+
+    assert (result.samples, result.collections, result.rollups) == (1, 1, 1)
+    assert list(Sample.objects.values_list("value", flat=True)) == [2.0]
+    assert Rollup.objects.get().minute == now - timedelta(days=89)
+
+
+def test_prune_never_drops_raw_samples_that_are_not_rolled_up(node):
+    now = T0 + timedelta(days=30)
+    Sample.objects.create(node=node, metric=Metric.MEM_AVAILABLE, at=now - timedelta(days=10),
+                          value=1.0)
+    node.rolled_up_until = now - timedelta(days=12)  # roll-up fell behind (beat was stopped)
+    node.save()
+
+    assert prune_node(node, now, raw_days=7, rollup_days=90).samples == 0
+    rollup_node(node, now)  # catches up in bounded chunks
+    assert Rollup.objects.filter(node=node).exists()

@@ -1,0 +1,44 @@
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from sparkops.celery import beat_schedule
+from sparkops.env import env_bool, env_float, env_int, env_list
+
+
+def test_beat_routes_each_collection_to_its_own_node_queue_and_expires_it():
+    schedule = beat_schedule(["spark-a", "spark-b"], 5.0)
+
+    entry = schedule["collect-host-memory:spark-b"]
+    assert entry["task"] == "collectors.tasks.collect_host_memory"
+    assert entry["args"] == ("spark-b",)
+    assert entry["options"] == {"queue": "node.spark-b", "expires": 5.0}
+    assert schedule["prune-samples"]["options"]["queue"] == "sparkops"
+
+
+@pytest.mark.parametrize(("reader", "value", "message"), [
+    (lambda: env_float("X_INTERVAL", 5.0), "5s", "X_INTERVAL='5s': expected a number"),
+    (lambda: env_int("X_INTERVAL", 5), "2.5", "expected a whole number"),
+    (lambda: env_int("X_INTERVAL", 5, minimum=1), "0", "must be at least 1"),
+    (lambda: env_bool("X_INTERVAL", False), "maybe", "expected one of"),
+    (lambda: env_float("X_INTERVAL", 5.0), "nan", "finite"),
+])
+def test_malformed_environment_names_the_variable(monkeypatch, reader, value, message):
+    monkeypatch.setenv("X_INTERVAL", value)
+
+    with pytest.raises(ImproperlyConfigured, match=message):
+        reader()
+
+
+def test_env_list_and_defaults(monkeypatch):
+    monkeypatch.setenv("X_HOSTS", " a, b ,,c ")
+    assert env_list("X_HOSTS", []) == ["a", "b", "c"]
+    monkeypatch.delenv("X_HOSTS")
+    assert env_list("X_HOSTS", ["d"]) == ["d"]
+
+
+def test_wrong_node_task_is_refused(settings):
+    from collectors.tasks import WrongNodeError, collect_host_memory
+
+    settings.SPARKOPS_NODE_NAME = "spark-a"
+    with pytest.raises(WrongNodeError, match="node.<its name>"):
+        collect_host_memory("spark-b")
