@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -104,16 +105,18 @@ def _pg_bin(name: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def postgres_url(tmp_path_factory) -> Iterator[str]:
+def postgres_url() -> Iterator[str]:
     """A private PostgreSQL cluster in a temporary directory, on a free loopback port.
 
-    initdb refuses to run as root, so as root the cluster belongs to the ``postgres`` user.
+    initdb refuses to run as root, so as root the cluster belongs to the ``postgres`` user (and
+    lives outside pytest's root-only temporary tree, which that user cannot enter).
     """
-    datadir = tmp_path_factory.mktemp("pg") / "data"
+    top = Path(tempfile.mkdtemp(prefix="sparkops-pg-"))
+    datadir = top / "data"
     datadir.mkdir()
     as_user: list[str] = []
     if os.geteuid() == 0:
-        shutil.chown(datadir.parent, "postgres")
+        shutil.chown(top, "postgres")
         shutil.chown(datadir, "postgres")
         as_user = ["runuser", "-u", "postgres", "--"]
     port = free_port()
@@ -135,3 +138,4 @@ def postgres_url(tmp_path_factory) -> Iterator[str]:
     finally:
         subprocess.run([*as_user, _pg_bin("pg_ctl"), "-D", str(datadir), "-m", "immediate",
                         "stop"], stdout=subprocess.DEVNULL)
+        shutil.rmtree(top, ignore_errors=True)
