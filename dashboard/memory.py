@@ -59,6 +59,15 @@ def _scaled(figure: Figure, value: float | None) -> float | None:
     return round(value / GIB, 3) if figure.unit == "GiB" else round(value, 2)
 
 
+def _display(figure: Figure, value: float | None) -> str:
+    """The one formatting of a figure, shared by the page and its live updates."""
+    if value is None:
+        return "unknown"
+    if figure.unit == "GiB":
+        return f"{value / GIB:.2f} GiB"
+    return f"{value:.2f} %"
+
+
 def current_headroom(node: Node, now: datetime, interval: float) -> dict:
     """The latest collection's figures, whether it succeeded, and whether collection is stale."""
     latest = Collection.objects.filter(node=node).order_by("-at").first()
@@ -93,6 +102,7 @@ def current_headroom(node: Node, now: datetime, interval: float) -> dict:
             "help": figure.help,
             "unit": figure.unit,
             "value": _scaled(figure, value),
+            "display": _display(figure, value),
             "unknown_reason": reason if value is None else None,
         })
     return payload

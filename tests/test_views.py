@@ -52,7 +52,7 @@ def test_overview_shows_the_three_free_numbers_labelled_and_unknown_not_zero(adm
     assert "MemAvailable" in page
     assert "MemFree (≈ CUDA free on GB10)" in page
     assert "Reclaimable page cache" in page
-    assert "30.0 GiB" in page
+    assert "30.00 GiB" in page
     assert "unknown" in page and "unreadable value &#x27;n/a&#x27;" in page
     assert "121.69 GiB (MemTotal)" in page
     assert "vendor/plotly.min.js" in page  # served by us, not a CDN
@@ -66,6 +66,7 @@ def test_headroom_json_reports_values_unknowns_and_staleness(admin_client, node)
 
     figures = {f["key"]: f for f in data["figures"]}
     assert figures["mem_available"]["value"] == 30.0
+    assert figures["mem_available"]["display"] == "30.00 GiB"
     assert figures["mem_available_min"]["value"] == 29.0
     assert figures["mem_free"]["value"] is None
     assert figures["mem_free"]["unknown_reason"] == "unreadable value 'n/a'"

@@ -43,7 +43,7 @@
         value.appendChild(span);
         text(help, fig.unknown_reason || "");
       } else {
-        text(value, fig.value + " " + fig.unit);
+        text(value, fig.display);
         text(help, fig.help);
       }
     }

@@ -1,0 +1,80 @@
+"""The overview in a real browser: login, live figures, the chart, range switching."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from collectors.models import Collection, Metric, Node, Sample
+from tests.browser import browser, page  # noqa: F401 - fixtures
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+GIB = 1024**3
+
+
+def _seed(node: Node) -> None:
+    now = timezone.now()
+    for i in range(60):
+        at = now - timedelta(seconds=5 * (59 - i))
+        Collection.objects.create(node=node, at=at, window_started_at=at - timedelta(seconds=4.75),
+                                  ok=True)
+        Sample.objects.bulk_create([
+            Sample(node=node, metric=Metric.MEM_AVAILABLE, at=at, value=(40 + i % 3) * GIB),
+            Sample(node=node, metric=Metric.MEM_AVAILABLE_MIN, at=at, value=(12 if i == 30 else 39) * GIB),
+            Sample(node=node, metric=Metric.MEM_FREE, at=at, value=None, note="missing from /proc/meminfo"),
+        ])
+
+
+def test_overview_logs_in_shows_figures_and_draws_the_chart(live_server, page, django_user_model,
+                                                              settings):  # noqa: F811
+    settings.SPARKOPS_NODE_NAME = "spark-a"
+    node = Node.objects.create(name="spark-a", mem_total_bytes=int(121.69 * GIB))
+    _seed(node)
+    django_user_model.objects.create_superuser("admin", "", "a-long-test-password")
+
+    page.goto(f"{live_server.url}/")
+    assert "/login/" in page.url
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", "a-long-test-password")
+    page.click("button[type=submit]")
+    page.wait_for_url("**/nodes/spark-a/")
+
+    available = page.locator('.figure[data-key="mem_available"] .value')
+    assert available.inner_text().endswith("GiB")
+    assert page.locator('.figure[data-key="mem_free"] .value').inner_text() == "unknown"
+    page.wait_for_function("document.getElementById('memory-chart').data?.length === 6")
+    lowest = page.evaluate(
+        "Math.min(...document.getElementById('memory-chart').data[1].y.filter(v => v !== null))"
+    )
+    assert lowest == 12.0  # the dip drawn, not averaged away
+
+    with page.expect_response(lambda r: "range=6h" in r.url):
+        page.click('.ranges button[data-range="6h"]')
+    assert page.url.endswith("?range=6h")
+    assert "active" in page.locator('.ranges button[data-range="6h"]').get_attribute("class")
+
+
+def test_overview_refreshes_itself_while_open(live_server, page, django_user_model,
+                                              settings):  # noqa: F811
+    settings.SPARKOPS_NODE_NAME = "spark-a"
+    settings.SPARKOPS_COLLECT_INTERVAL = 1.0
+    node = Node.objects.create(name="spark-a", mem_total_bytes=int(121.69 * GIB))
+    user = django_user_model.objects.create_superuser("admin", "", "a-long-test-password")
+    page.goto(f"{live_server.url}/login/")
+    page.fill("input[name=username]", user.username)
+    page.fill("input[name=password]", "a-long-test-password")
+    page.click("button[type=submit]")
+    page.wait_for_url("**/nodes/spark-a/")
+    assert page.locator('.figure[data-key="mem_available"] .value').inner_text() == "unknown"
+
+    at = timezone.now()
+    Collection.objects.create(node=node, at=at, window_started_at=at - timedelta(seconds=1),
+                              ok=True)
+    Sample.objects.create(node=node, metric=Metric.MEM_AVAILABLE, at=at, value=33 * GIB)
+
+    page.wait_for_function(
+        "document.querySelector('.figure[data-key=\"mem_available\"] .value')"
+        ".textContent === '33.00 GiB'", timeout=10_000,
+    )
