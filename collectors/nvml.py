@@ -194,7 +194,8 @@ class GpuDevice:
     Contract: a value field is None exactly when its name is in `unsupported` (NVML said Not
     Supported), in `errors` (NVML failed; the map holds its message), or the device was `lost`
     before the field was read. Units: percent, degrees Celsius, watts, MHz, bytes.
-    `processes` is None when neither process list could be read.
+    `processes` is None when neither process list could be read; `unsupported` and `errors` may
+    also name the calls "handle", "compute_processes" and "graphics_processes".
     """
 
     index: int
