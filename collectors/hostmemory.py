@@ -90,12 +90,14 @@ def _samples(node: Node, window: WindowReading, info: MemInfo) -> list[Sample]:
         )
     )
     pressure = window.pressure
-    psi_note = "" if pressure else "no /proc/pressure/memory (kernel without PSI)"
+    no_psi = "no /proc/pressure/memory (kernel without PSI)"
     samples.append(
-        _sample(node, Metric.PSI_SOME_AVG10, at, pressure and pressure.some_avg10, psi_note)
+        _sample(node, Metric.PSI_SOME_AVG10, at, pressure and pressure.some_avg10,
+                no_psi if pressure is None else "no 'some' line in /proc/pressure/memory")
     )
     samples.append(
-        _sample(node, Metric.PSI_FULL_AVG10, at, pressure and pressure.full_avg10, psi_note)
+        _sample(node, Metric.PSI_FULL_AVG10, at, pressure and pressure.full_avg10,
+                no_psi if pressure is None else "no 'full' line in /proc/pressure/memory")
     )
     return samples
 

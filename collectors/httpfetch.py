@@ -95,6 +95,7 @@ def fetch(
     body: bytes | None = None,
     accept_status: Collection[int] = (200,),
     allow_address: Callable[[IPAddress], bool] | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> FetchResult:
     """Make one HTTP(S) request and return the whole response, or raise :class:`FetchError`.
 
@@ -109,17 +110,21 @@ def fetch(
     Redirects are never followed: a 3xx that is not in ``accept_status`` raises with the
     ``Location`` in the reason. ``allow_address``, when given, is asked about every address the
     host resolves to before connecting; if it refuses any of them nothing is sent.
+    ``ssl_context`` replaces the default one (system CAs, hostname checked) for https.
 
-    Passing a non-positive ``deadline`` or ``max_bytes`` is a programming error (ValueError).
+    A non-positive ``deadline``, ``max_bytes`` or ``connect_timeout`` is a programming error
+    (ValueError), not a FetchError.
     """
     if not (math.isfinite(deadline) and deadline > 0):
         raise ValueError(f"deadline must be a positive number of seconds, not {deadline!r}")
     if max_bytes < 1:
         raise ValueError(f"max_bytes must be at least 1, not {max_bytes!r}")
+    if not connect_timeout > 0:
+        raise ValueError(f"connect_timeout must be positive, not {connect_timeout!r}")
     started = time.monotonic()
     clock = _Deadline(started, deadline)
     target = _Target.from_url(url)
-    sock = _open_socket(target, clock, connect_timeout, allow_address)
+    sock = _open_socket(target, clock, connect_timeout, allow_address, ssl_context)
     connection = _Connection(target, sock, clock)
     response: http.client.HTTPResponse | None = None
     try:
@@ -260,6 +265,7 @@ def _open_socket(
     clock: _Deadline,
     connect_timeout: float,
     allow_address: Callable[[IPAddress], bool] | None,
+    ssl_context: ssl.SSLContext | None,
 ) -> socket.socket:
     addresses = _resolve(target, clock)
     if allow_address is not None:
@@ -270,7 +276,7 @@ def _open_socket(
                                  kind="forbidden_address")
     sock = _connect_first(target, addresses, clock, connect_timeout)
     if target.scheme == "https":
-        return _start_tls(sock, target, clock)
+        return _start_tls(sock, target, clock, ssl_context or ssl.create_default_context())
     return sock
 
 
@@ -280,13 +286,7 @@ def _resolve(target: _Target, clock: _Deadline) -> list[tuple[int, Any]]:
     IP literals skip the thread. A lookup still running at the deadline is abandoned; its thread
     ends when the resolver gives up.
     """
-    flags = 0
-    try:
-        ipaddress.ip_address(target.host)
-        flags = socket.AI_NUMERICHOST
-    except ValueError:
-        pass
-
+    flags = socket.AI_NUMERICHOST if _is_ip_literal(target.host) else 0
     outcome: list[Any] = []
 
     def lookup() -> None:
@@ -308,6 +308,14 @@ def _resolve(target: _Target, clock: _Deadline) -> list[tuple[int, Any]]:
         raise FetchError(f"cannot resolve {target.host}: {_one_line(str(outcome[0]))}",
                          kind="dns")
     return [(family, sockaddr) for family, _type, _proto, _name, sockaddr in outcome[0]]
+
+
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _connect_first(
@@ -345,9 +353,10 @@ def _connect_first(
     raise last_error or FetchError(f"no address for {target.host}", kind="dns")
 
 
-def _start_tls(sock: socket.socket, target: _Target, clock: _Deadline) -> socket.socket:
+def _start_tls(
+    sock: socket.socket, target: _Target, clock: _Deadline, context: ssl.SSLContext
+) -> socket.socket:
     """Do the TLS handshake with non-blocking steps so that it, too, ends at the deadline."""
-    context = ssl.create_default_context()
     tls = context.wrap_socket(sock, server_hostname=target.host, do_handshake_on_connect=False)
     tls.setblocking(False)
     try:

@@ -21,9 +21,6 @@ CHROMIUM_ARGS = [
 def browser() -> Iterator[object]:
     if not shutil.which(CHROMIUM):
         pytest.fail(f"{CHROMIUM} is missing (Debian package chromium)")
-    # Playwright's sync API runs an event loop in this thread; Django's ORM calls made by the
-    # test itself are still synchronous, so this is safe here.
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -33,7 +30,10 @@ def browser() -> Iterator[object]:
 
 
 @pytest.fixture
-def page(browser):
+def page(browser, monkeypatch):
+    # Playwright's sync API runs an event loop in this thread; the ORM calls the test makes are
+    # still synchronous, so Django's guard is lifted for the test only (never for subprocesses).
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     context = browser.new_context()
     page = context.new_page()
     yield page

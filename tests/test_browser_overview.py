@@ -78,3 +78,38 @@ def test_overview_refreshes_itself_while_open(live_server, page, django_user_mod
         "document.querySelector('.figure[data-key=\"mem_available\"] .value')"
         ".textContent === '33.00 GiB'", timeout=10_000,
     )
+
+
+def test_polling_backs_off_while_the_tab_is_hidden(live_server, page, django_user_model,
+                                                  settings):  # noqa: F811
+    settings.SPARKOPS_NODE_NAME = "spark-a"
+    settings.SPARKOPS_COLLECT_INTERVAL = 1.0  # the page polls every 2 s at the fastest
+    Node.objects.create(name="spark-a", mem_total_bytes=int(121.69 * GIB))
+    django_user_model.objects.create_superuser("admin", "", "a-long-test-password")
+    page.goto(f"{live_server.url}/login/")
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", "a-long-test-password")
+    page.click("button[type=submit]")
+    page.wait_for_url("**/nodes/spark-a/")
+    polls: list[str] = []
+    page.on("request", lambda r: polls.append(r.url) if "headroom.json" in r.url else None)
+
+    page.wait_for_timeout(6_000)
+    visible = len(polls)
+    page.evaluate("""() => {
+        Object.defineProperty(document, 'hidden', {configurable: true, get: () => true});
+        document.dispatchEvent(new Event('visibilitychange'));
+    }""")
+    page.wait_for_timeout(2_500)  # let the poll already scheduled go out
+    polls.clear()
+    page.wait_for_timeout(7_000)
+    hidden = len(polls)
+    page.evaluate("""() => {
+        Object.defineProperty(document, 'hidden', {configurable: true, get: () => false});
+        document.dispatchEvent(new Event('visibilitychange'));
+    }""")
+    page.wait_for_timeout(500)
+
+    assert visible >= 2
+    assert hidden <= 1
+    assert len(polls) > hidden  # shown again: refreshed at once

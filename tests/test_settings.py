@@ -1,8 +1,13 @@
+import os
+import subprocess
+import sys
+
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from sparkops.celery import beat_schedule
 from sparkops.env import env_bool, env_float, env_int, env_list
+from tests.conftest import PROJECT
 
 
 def test_beat_routes_each_collection_to_its_own_node_queue_and_expires_it():
@@ -42,3 +47,29 @@ def test_wrong_node_task_is_refused(settings):
     settings.SPARKOPS_NODE_NAME = "spark-a"
     with pytest.raises(WrongNodeError, match="node.<its name>"):
         collect_host_memory("spark-b")
+
+
+def test_deploy_checks_pass_with_production_settings(tmp_path):
+    """`manage.py check --deploy` is clean once HTTPS and a real secret key are configured."""
+    env = {
+        **os.environ,
+        "SPARKOPS_DATA_DIR": str(tmp_path),
+        "SPARKOPS_HTTPS": "1",
+        "SPARKOPS_SECRET_KEY": "k" * 20 + "production-secret-key-with-enough-entropy-1234567890",
+        "SPARKOPS_ALLOWED_HOSTS": "sparkops.example.com",
+    }
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=PROJECT, env=env, capture_output=True, text=True,
+    )
+
+    assert result.returncode == 0, result.stderr + result.stdout
+
+
+def test_malformed_setting_stops_startup_with_its_name(tmp_path):
+    env = {**os.environ, "SPARKOPS_DATA_DIR": str(tmp_path), "SPARKOPS_COLLECT_INTERVAL": "5s"}
+    result = subprocess.run([sys.executable, "manage.py", "check"], cwd=PROJECT, env=env,
+                            capture_output=True, text=True)
+
+    assert result.returncode != 0
+    assert "SPARKOPS_COLLECT_INTERVAL='5s': expected a number" in result.stderr

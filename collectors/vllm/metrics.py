@@ -1,0 +1,484 @@
+"""Parse a vLLM ``/metrics`` exposition into per-engine snapshots, all or nothing.
+
+The text goes through ``prometheus_client``'s own parser, which streams: it yields the families
+before a bad line and only then raises. :func:`parse_engines` therefore consumes it completely
+before building anything, so a caller gets either every snapshot or :class:`MetricsParseError`.
+The parser is lax (RELIABILITY.md finding 6), so the values we use are checked here as well:
+counts must be non-negative integers, the KV usage a fraction, histograms cumulative with a
+``+Inf`` bucket, and the text must end with a line feed as the format requires (a body cut in
+the middle of a line would otherwise parse, with a wrong last value).
+
+Names follow ENGINES.md §1.2 (vLLM 0.33) and the older names of §1.4; each quantity is read from
+the current name and, only when that is absent, from its older names. An engine is identified
+by the ``model_name`` and ``engine`` labels; ``engine`` is missing before vLLM 0.8/0.10 (§1.4)
+and is then ``None``.
+
+Cost: about 5 MB/s of text in the prometheus_client parser (finding 6), plus one pass over the
+samples; nothing else is kept of samples SparkOps does not use.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from itertools import pairwise
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = [
+    "Histogram",
+    "MetricsParseError",
+    "MetricsSnapshot",
+    "parse_engines",
+    "parse_metrics_text",
+]
+
+# Current name first, then older names of the same quantity (ENGINES.md §1.4). Both KV usage
+# names are a fraction 0-1 despite "_perc": vLLM's help text says "1 means 100 percent usage"
+# and the official dashboard shows them with unit percentunit (§1.5, panel 6).
+_GAUGE_NAMES: Mapping[str, tuple[str, ...]] = {
+    "requests_running": ("vllm:num_requests_running",),
+    "requests_waiting": ("vllm:num_requests_waiting",),
+    "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+}
+# Counters are exposed with "_total" and a "_created" twin (§1.1). The old gpu_prefix_cache_*
+# counted blocks in 0.7/0.8 and tokens later (§1.4); a hit *rate* is unaffected.
+_COUNTER_NAMES: Mapping[str, tuple[str, ...]] = {
+    "prompt_tokens_total": ("vllm:prompt_tokens_total",),
+    "generation_tokens_total": ("vllm:generation_tokens_total",),
+    "preemptions_total": ("vllm:num_preemptions_total",),
+    "prefix_cache_queries_total": (
+        "vllm:prefix_cache_queries_total",
+        "vllm:gpu_prefix_cache_queries_total",
+    ),
+    "prefix_cache_hits_total": (
+        "vllm:prefix_cache_hits_total",
+        "vllm:gpu_prefix_cache_hits_total",
+    ),
+    # Speculative decoding counters exist only with --speculative-config (§1.2).
+    "spec_decode_drafts_total": ("vllm:spec_decode_num_drafts_total",),
+    "spec_decode_draft_tokens_total": ("vllm:spec_decode_num_draft_tokens_total",),
+    "spec_decode_accepted_tokens_total": ("vllm:spec_decode_num_accepted_tokens_total",),
+}
+# time_per_output_token_seconds was the inter-token latency under its old name; it is not
+# request_time_per_output_token_seconds, which is a per-request mean (§1.4).
+_HISTOGRAM_NAMES: Mapping[str, tuple[str, ...]] = {
+    "ttft": ("vllm:time_to_first_token_seconds",),
+    "inter_token_latency": (
+        "vllm:inter_token_latency_seconds",
+        "vllm:time_per_output_token_seconds",
+    ),
+}
+_CACHE_CONFIG = "vllm:cache_config_info"
+_PROCESS_START = "process_start_time_seconds"
+_KV_USAGE_SLACK = 1e-9
+_REASON_LIMIT = 200
+
+_EngineKey = tuple[str | None, str | None]
+
+
+class MetricsParseError(Exception):
+    """The text is not a usable vLLM exposition; ``reason`` says why in one line.
+
+    Reasons start with "not Prometheus text:" (the format is broken), "not a vLLM /metrics
+    endpoint:" (no vLLM engine metrics) or "invalid vLLM metrics:" (a value we use is
+    impossible, such as a negative count or a histogram without its +Inf bucket).
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A Prometheus histogram as exposed: cumulative counts per upper bound.
+
+    ``buckets`` is sorted by bound and ends with ``(math.inf, count)``; ``count`` equals that
+    last bucket. ``sum`` is None when the exposition had no ``_sum`` series.
+    """
+
+    buckets: tuple[tuple[float, int], ...]
+    count: int
+    sum: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form; bounds are strings as in the exposition ("0.25", "+Inf")."""
+        return {
+            "buckets": [[_format_bound(bound), count] for bound, count in self.buckets],
+            "count": self.count,
+            "sum": self.sum,
+        }
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """What one scrape says about one vLLM engine. Every unknown value is None, never 0.
+
+    * ``requests_waiting``: in vLLM 0.33 it counts waiting plus deferred requests (§1.2).
+    * ``kv_cache_usage``: fraction 0-1 of KV blocks in use.
+    * ``*_total``: counters since the engine started; ``prompt_tokens_total`` includes prompt
+      tokens served from the prefix cache (§1.2).
+    * ``ttft`` / ``inter_token_latency``: seconds, as cumulative histograms.
+    * Capacity comes from the labels of ``vllm:cache_config_info`` (§1.3), joined by the
+      ``engine`` label because it has no ``model_name``; when that join is ambiguous (several
+      models behind one endpoint) the capacity fields are None. ``kv_cache_size_tokens`` is the
+      label when the version has it (group-aware, right for hybrid models) and otherwise
+      ``num_gpu_blocks * block_size``; ``kv_cache_size_source`` says which. Config labels that
+      are "None" or not numbers are None: the label set changes between versions.
+    * ``created``: the ``_created`` timestamp of each counter and histogram field above that
+      has one, keyed by field name; ``process_start_time_seconds`` is absent in multiprocess
+      mode (§1.1). Both let rate computation notice a restart.
+    * ``legacy_names``: the pre-rename metric names that were read (§1.4).
+    """
+
+    model_name: str | None
+    engine: str | None
+    requests_running: int | None = None
+    requests_waiting: int | None = None
+    kv_cache_usage: float | None = None
+    prompt_tokens_total: int | None = None
+    generation_tokens_total: int | None = None
+    preemptions_total: int | None = None
+    prefix_cache_queries_total: int | None = None
+    prefix_cache_hits_total: int | None = None
+    spec_decode_drafts_total: int | None = None
+    spec_decode_draft_tokens_total: int | None = None
+    spec_decode_accepted_tokens_total: int | None = None
+    ttft: Histogram | None = None
+    inter_token_latency: Histogram | None = None
+    kv_cache_size_tokens: int | None = None
+    kv_cache_size_source: str | None = None
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    kv_cache_max_concurrency: float | None = None
+    gpu_memory_utilization: float | None = None
+    cache_dtype: str | None = None
+    cache_config: Mapping[str, str] = field(default_factory=dict, repr=False)
+    process_start_time_seconds: float | None = None
+    created: Mapping[str, float] = field(default_factory=dict, repr=False)
+    legacy_names: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field (histograms via :meth:`Histogram.as_dict`)."""
+        result: dict[str, Any] = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, Histogram):
+                value = value.as_dict()
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            result[item.name] = value
+        return result
+
+
+def parse_metrics_text(text: str) -> MetricsSnapshot:
+    """Parse an exposition and return the snapshot of its first engine.
+
+    "First" is the engine whose metrics appear first in the text. vLLM serves one model per
+    server; with data parallelism it reports one engine per rank ("0", "1", ...), and an
+    aggregating proxy may report several models: use :func:`parse_engines` to get all of them.
+    Raises :class:`MetricsParseError` as :func:`parse_engines` does.
+    """
+    return parse_engines(text)[0]
+
+
+def parse_engines(text: str) -> tuple[MetricsSnapshot, ...]:
+    """Parse an exposition into one snapshot per (model_name, engine), in order of appearance.
+
+    All or nothing: any problem raises :class:`MetricsParseError` and returns nothing. At least
+    one snapshot is returned; a text without vLLM engine metrics is an error.
+    """
+    index = _SampleIndex(_read_samples(text))
+    if not index.engines:
+        raise MetricsParseError(
+            "not a vLLM /metrics endpoint: no vllm:num_requests_running, "
+            "vllm:prompt_tokens_total or other engine metrics"
+        )
+    return tuple(_snapshot(index, key) for key in index.engines)
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Sample:
+    name: str
+    labels: Mapping[str, str]
+    value: float
+
+
+def _read_samples(text: str) -> list[_Sample]:
+    if not text.strip():
+        raise MetricsParseError("not a vLLM /metrics endpoint: the body is empty")
+    if not text.endswith("\n"):
+        raise MetricsParseError("not Prometheus text: the last line does not end with a line "
+                                "feed (the body was cut off?)")
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError as error:
+        raise MetricsParseError(f"not Prometheus text: {_one_line(str(error))}") from None
+    return [
+        _Sample(sample.name, sample.labels, float(sample.value))
+        for family in families
+        for sample in family.samples
+    ]
+
+
+def _counter_created_name(total_name: str) -> str:
+    return total_name.removesuffix("_total") + "_created"
+
+
+def _wanted_series_names() -> frozenset[str]:
+    names: set[str] = set()
+    for candidates in _GAUGE_NAMES.values():
+        names.update(candidates)
+    for candidates in _COUNTER_NAMES.values():
+        names.update(candidates)
+        names.update(_counter_created_name(name) for name in candidates)
+    for candidates in _HISTOGRAM_NAMES.values():
+        for base in candidates:
+            names.update(f"{base}{suffix}" for suffix in ("_bucket", "_count", "_sum", "_created"))
+    return frozenset(names)
+
+
+_WANTED = _wanted_series_names()
+
+
+class _SampleIndex:
+    """The samples SparkOps uses, keyed by name and engine; duplicates are rejected."""
+
+    def __init__(self, samples: Iterable[_Sample]) -> None:
+        self.engines: list[_EngineKey] = []
+        self.cache_configs: list[Mapping[str, str]] = []
+        self.process_starts: list[float] = []
+        self._series: dict[tuple[str, _EngineKey], dict[str | None, float]] = {}
+        seen_engines: set[_EngineKey] = set()
+        for sample in samples:
+            if sample.name == _CACHE_CONFIG:
+                self.cache_configs.append(sample.labels)
+            elif sample.name == _PROCESS_START:
+                self.process_starts.append(sample.value)
+            elif sample.name in _WANTED:
+                key = (sample.labels.get("model_name"), sample.labels.get("engine"))
+                self._add(sample, key)
+                if key not in seen_engines:
+                    seen_engines.add(key)
+                    self.engines.append(key)
+
+    def _add(self, sample: _Sample, key: _EngineKey) -> None:
+        le = sample.labels.get("le") if sample.name.endswith("_bucket") else None
+        values = self._series.setdefault((sample.name, key), {})
+        if le in values:
+            raise MetricsParseError(
+                f"invalid vLLM metrics: several {sample.name} series for {_describe(key)}"
+            )
+        values[le] = sample.value
+
+    def value(self, name: str, key: _EngineKey) -> float | None:
+        return self._series.get((name, key), {}).get(None)
+
+    def buckets(self, name: str, key: _EngineKey) -> Mapping[str | None, float]:
+        return self._series.get((name, key), {})
+
+    def has(self, name: str, key: _EngineKey) -> bool:
+        return (name, key) in self._series
+
+
+# --- building a snapshot ----------------------------------------------------------------------
+
+
+def _snapshot(index: _SampleIndex, key: _EngineKey) -> MetricsSnapshot:
+    values: dict[str, Any] = {}
+    created: dict[str, float] = {}
+    legacy: list[str] = []
+
+    for field_name, candidates in _GAUGE_NAMES.items():
+        name = _first_present(index, candidates, key, "")
+        if name is not None:
+            raw = index.value(name, key)
+            values[field_name] = (
+                _as_fraction(name, raw) if field_name == "kv_cache_usage" else _as_count(name, raw)
+            )
+            _note_legacy(legacy, name, candidates)
+
+    for field_name, candidates in _COUNTER_NAMES.items():
+        name = _first_present(index, candidates, key, "")
+        if name is not None:
+            values[field_name] = _as_count(name, index.value(name, key))
+            _note_created(created, field_name, index.value(_counter_created_name(name), key))
+            _note_legacy(legacy, name, candidates)
+
+    for field_name, candidates in _HISTOGRAM_NAMES.items():
+        base = _first_present(index, candidates, key, "_bucket")
+        if base is not None:
+            values[field_name] = _histogram(index, base, key)
+            _note_created(created, field_name, index.value(f"{base}_created", key))
+            _note_legacy(legacy, base, candidates)
+
+    cache_config = _cache_config_for(index, key)
+    return MetricsSnapshot(
+        model_name=key[0],
+        engine=key[1],
+        **values,
+        **_capacity(cache_config or {}),
+        cache_config=dict(cache_config or {}),
+        process_start_time_seconds=_process_start(index),
+        created=created,
+        legacy_names=tuple(legacy),
+    )
+
+
+def _first_present(
+    index: _SampleIndex, candidates: tuple[str, ...], key: _EngineKey, suffix: str
+) -> str | None:
+    for name in candidates:
+        if index.has(f"{name}{suffix}", key):
+            return name
+    return None
+
+
+def _note_legacy(legacy: list[str], name: str, candidates: tuple[str, ...]) -> None:
+    if name != candidates[0]:
+        legacy.append(name)
+
+
+def _note_created(created: dict[str, float], field_name: str, value: float | None) -> None:
+    if value is not None and math.isfinite(value):
+        created[field_name] = value
+
+
+def _as_count(name: str, value: float | None) -> int | None:
+    return None if value is None else _require_count(name, value)
+
+
+def _require_count(name: str, value: float) -> int:
+    if not math.isfinite(value) or value < 0 or value != int(value):
+        raise MetricsParseError(f"invalid vLLM metrics: {name} is {value!r}, not a count")
+    return int(value)
+
+
+def _as_fraction(name: str, value: float | None) -> float | None:
+    if value is None:
+        return None
+    if not math.isfinite(value) or not -_KV_USAGE_SLACK <= value <= 1 + _KV_USAGE_SLACK:
+        raise MetricsParseError(
+            f"invalid vLLM metrics: {name} is {value!r}, not a fraction between 0 and 1"
+        )
+    return min(max(value, 0.0), 1.0)
+
+
+def _histogram(index: _SampleIndex, base: str, key: _EngineKey) -> Histogram:
+    """Build and check one histogram; a broken one means the body cannot be trusted."""
+    where = f"{base} for {_describe(key)}"
+    bounds: list[tuple[float, int]] = []
+    for le, raw in index.buckets(f"{base}_bucket", key).items():
+        bound = _parse_bound(le)
+        if bound is None:
+            raise MetricsParseError(f"invalid vLLM metrics: {where} has a bucket le={le!r}")
+        bounds.append((bound, _require_count(f"{base}_bucket", raw)))
+    bounds.sort()
+    if bounds[-1][0] != math.inf:
+        raise MetricsParseError(f"invalid vLLM metrics: {where} has no +Inf bucket (cut off?)")
+    counts = [count for _bound, count in bounds]
+    if any(later < earlier for earlier, later in pairwise(counts)):
+        raise MetricsParseError(f"invalid vLLM metrics: {where} buckets are not cumulative")
+    total = _as_count(f"{base}_count", index.value(f"{base}_count", key))
+    if total is not None and total != counts[-1]:
+        raise MetricsParseError(
+            f"invalid vLLM metrics: {where} has _count {total} but +Inf bucket {counts[-1]}"
+        )
+    observed = index.value(f"{base}_sum", key)
+    if observed is not None and not math.isfinite(observed):
+        raise MetricsParseError(f"invalid vLLM metrics: {where} has _sum {observed!r}")
+    return Histogram(buckets=tuple(bounds), count=counts[-1], sum=observed)
+
+
+def _parse_bound(le: str | None) -> float | None:
+    if le is None:
+        return None
+    try:
+        bound = float(le)
+    except ValueError:
+        return None
+    return None if math.isnan(bound) else bound
+
+
+def _cache_config_for(index: _SampleIndex, key: _EngineKey) -> Mapping[str, str] | None:
+    """The engine's ``vllm:cache_config_info`` labels, or None when absent or ambiguous."""
+    matches = [labels for labels in index.cache_configs if labels.get("engine") == key[1]]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches and len(index.cache_configs) == 1:
+        # Older versions have no engine label on it, or the metric and engines disagree on
+        # it; one config on a server that runs one model can only be that model's.
+        return index.cache_configs[0]
+    return None
+
+
+def _capacity(labels: Mapping[str, str]) -> dict[str, Any]:
+    blocks = _label_int(labels, "num_gpu_blocks")
+    block_size = _label_int(labels, "block_size")
+    size_tokens = _label_int(labels, "kv_cache_size_tokens")
+    source = "kv_cache_size_tokens" if size_tokens is not None else None
+    # Before PR #42206 the label did not exist and blocks x block size was the capacity; for
+    # hybrid models that product is wrong, so it is only a fallback (§1.3).
+    if "kv_cache_size_tokens" not in labels and blocks is not None and block_size is not None:
+        size_tokens = blocks * block_size
+        source = "num_gpu_blocks*block_size"
+    cache_dtype = labels.get("cache_dtype")
+    return {
+        "kv_cache_size_tokens": size_tokens,
+        "kv_cache_size_source": source,
+        "num_gpu_blocks": blocks,
+        "block_size": block_size,
+        "kv_cache_memory_bytes": _label_int(labels, "kv_cache_memory_bytes"),
+        "kv_cache_max_concurrency": _label_float(labels, "kv_cache_max_concurrency"),
+        "gpu_memory_utilization": _label_float(labels, "gpu_memory_utilization"),
+        "cache_dtype": None if cache_dtype in (None, "", "None") else cache_dtype,
+    }
+
+
+def _label_float(labels: Mapping[str, str], name: str) -> float | None:
+    try:
+        value = float(labels.get(name, ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _label_int(labels: Mapping[str, str], name: str) -> int | None:
+    text = labels.get(name, "")
+    if text.isdecimal():
+        return int(text)  # exact, also beyond the 2**53 a float holds
+    value = _label_float(labels, name)
+    return int(value) if value is not None and value.is_integer() else None
+
+
+def _process_start(index: _SampleIndex) -> float | None:
+    if len(index.process_starts) != 1:
+        return None
+    value = index.process_starts[0]
+    return value if math.isfinite(value) and value > 0 else None
+
+
+# --- formatting -------------------------------------------------------------------------------
+
+
+def _describe(key: _EngineKey) -> str:
+    model, engine = key
+    return f"model {model!r} engine {engine!r}"
+
+
+def _format_bound(bound: float) -> str:
+    return "+Inf" if bound == math.inf else repr(bound)
+
+
+def _one_line(text: str) -> str:
+    cleaned = " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
+    return cleaned if len(cleaned) <= _REASON_LIMIT else cleaned[: _REASON_LIMIT - 1] + "…"
