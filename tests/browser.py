@@ -23,17 +23,21 @@ def browser() -> Iterator[object]:
         pytest.fail(f"{CHROMIUM} is missing (Debian package chromium)")
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright:
-        instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield instance
-        instance.close()
+    # Playwright's sync API keeps an event loop in this thread; the ORM calls tests make are still
+    # synchronous, so Django's guard is lifted while the browser runs. Subprocesses get an
+    # environment without it (tests.conftest.subprocess_env).
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            yield instance
+            instance.close()
+    finally:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
 
 
 @pytest.fixture
-def page(browser, monkeypatch):
-    # Playwright's sync API runs an event loop in this thread; the ORM calls the test makes are
-    # still synchronous, so Django's guard is lifted for the test only (never for subprocesses).
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+def page(browser):
     context = browser.new_context()
     page = context.new_page()
     yield page

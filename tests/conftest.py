@@ -60,6 +60,12 @@ def admin_client(client, django_user_model):
     return client
 
 
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This environment for a child process, minus what only the test process may have."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
+    return {**env, **extra}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

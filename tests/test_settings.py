@@ -1,4 +1,3 @@
-import os
 import subprocess
 import sys
 
@@ -7,7 +6,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from sparkops.celery import beat_schedule
 from sparkops.env import env_bool, env_float, env_int, env_list
-from tests.conftest import PROJECT
+from tests.conftest import PROJECT, subprocess_env
 
 
 def test_beat_routes_each_collection_to_its_own_node_queue_and_expires_it():
@@ -51,13 +50,12 @@ def test_wrong_node_task_is_refused(settings):
 
 def test_deploy_checks_pass_with_production_settings(tmp_path):
     """`manage.py check --deploy` is clean once HTTPS and a real secret key are configured."""
-    env = {
-        **os.environ,
-        "SPARKOPS_DATA_DIR": str(tmp_path),
-        "SPARKOPS_HTTPS": "1",
-        "SPARKOPS_SECRET_KEY": "k" * 20 + "production-secret-key-with-enough-entropy-1234567890",
-        "SPARKOPS_ALLOWED_HOSTS": "sparkops.example.com",
-    }
+    env = subprocess_env(
+        SPARKOPS_DATA_DIR=str(tmp_path),
+        SPARKOPS_HTTPS="1",
+        SPARKOPS_SECRET_KEY="k" * 20 + "production-secret-key-with-enough-entropy-1234567890",
+        SPARKOPS_ALLOWED_HOSTS="sparkops.example.com",
+    )
     result = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
         cwd=PROJECT, env=env, capture_output=True, text=True,
@@ -67,7 +65,7 @@ def test_deploy_checks_pass_with_production_settings(tmp_path):
 
 
 def test_malformed_setting_stops_startup_with_its_name(tmp_path):
-    env = {**os.environ, "SPARKOPS_DATA_DIR": str(tmp_path), "SPARKOPS_COLLECT_INTERVAL": "5s"}
+    env = subprocess_env(SPARKOPS_DATA_DIR=str(tmp_path), SPARKOPS_COLLECT_INTERVAL="5s")
     result = subprocess.run([sys.executable, "manage.py", "check"], cwd=PROJECT, env=env,
                             capture_output=True, text=True)
 

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 import requests
 
-from tests.conftest import PROJECT, free_port, wait_for_port
+from tests.conftest import PROJECT, free_port, subprocess_env, wait_for_port
 
 pytestmark = pytest.mark.slow
 PASSWORD = "stack-test-password-1"
@@ -41,14 +41,13 @@ def _login(base: str) -> requests.Session:
 
 def _run_stack(tmp_path: Path, extra_env: dict[str, str]):
     port = free_port()
-    env = {
-        **os.environ,
-        "SPARKOPS_DATA_DIR": str(tmp_path / "data"),
-        "SPARKOPS_BIND": f"127.0.0.1:{port}",
-        "SPARKOPS_ADMIN_PASSWORD": PASSWORD,
-        "SPARKOPS_NODE_NAME": NODE,
+    env = subprocess_env(
+        SPARKOPS_DATA_DIR=str(tmp_path / "data"),
+        SPARKOPS_BIND=f"127.0.0.1:{port}",
+        SPARKOPS_ADMIN_PASSWORD=PASSWORD,
+        SPARKOPS_NODE_NAME=NODE,
         **extra_env,
-    }
+    )
     log = open(tmp_path / "stack.log", "w")  # noqa: SIM115 - closed by the caller
     process = subprocess.Popen(
         [str(PROJECT / "bin" / "sparkops"), "start"], env=env, stdout=log,
