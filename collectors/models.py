@@ -21,6 +21,11 @@ class Node(models.Model):
     last_collection_at = models.DateTimeField(null=True, blank=True)
     # Samples before this instant are rolled up into per-minute rows (see collectors.retention).
     rolled_up_until = models.DateTimeField(null=True, blank=True)
+    # The latest NVML report (collectors.nvml.GpuReport.as_dict) and when it was read.
+    gpu = models.JSONField(default=dict, blank=True)
+    gpu_read_at = models.DateTimeField(null=True, blank=True)
+    # Why engines could not be listed at the last try ("" when the container engine answered).
+    engine_discovery_error = models.TextField(blank=True)
 
     class Meta:
         ordering = ["name"]
@@ -104,3 +109,101 @@ class Rollup(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["node", "metric", "minute"], name="rollup_unique_minute")
         ]
+
+
+class Engine(models.Model):
+    """An LLM engine container on a node, known by its container name.
+
+    A container recreated under the same name is the same engine (its history continues); a new
+    container id or start time is recorded as a restart.
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="engines")
+    name = models.CharField(max_length=255)
+    kind = models.CharField(max_length=32, default="vllm")
+    container_id = models.CharField(max_length=64)
+    image = models.CharField(max_length=512, blank=True)
+    container_state = models.CharField(max_length=32)
+    phase = models.CharField(max_length=32, default="unknown")
+    started_at = models.DateTimeField(null=True, blank=True)
+    restart_count = models.PositiveIntegerField(default=0)
+    exit_code = models.IntegerField(null=True, blank=True)
+    command = models.JSONField(default=list)
+    config = models.JSONField(default=dict)  # parsed launch flags (collectors.vllm.flags)
+    config_error = models.TextField(blank=True)
+    startup = models.JSONField(default=dict)  # what the startup log told (collectors.vllm.logs)
+    findings = models.JSONField(default=list)  # [{code, severity, message}]
+    metrics_url = models.CharField(max_length=512, blank=True)
+    memory_usage_bytes = models.BigIntegerField(null=True, blank=True)  # cgroup: excludes GPU
+    gpu_memory_bytes = models.BigIntegerField(null=True, blank=True)  # NVML per-process, if any
+    metrics = models.JSONField(default=dict)  # last successful scrape (collectors.vllm.metrics)
+    rates = models.JSONField(default=dict)  # last computed rates (collectors.vllm.rates)
+    last_scrape_at = models.DateTimeField(null=True, blank=True)
+    last_scrape_ok_at = models.DateTimeField(null=True, blank=True)
+    last_scrape_error = models.TextField(blank=True)
+    logs_read_at = models.DateTimeField(null=True, blank=True)
+    present = models.BooleanField(default=True)
+    first_seen = models.DateTimeField(default=timezone.now)
+    last_seen = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["node", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "name"], name="engine_unique_name_per_node")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/{self.name}"
+
+
+class EngineMetric(models.IntegerChoices):
+    """Per-engine series. Stored ids: never renumber, only add."""
+
+    REQUESTS_RUNNING = 1, "Requests running"
+    REQUESTS_WAITING = 2, "Requests waiting"
+    KV_CACHE_USAGE = 3, "KV cache usage (0–1)"
+    PREFILL_TPS = 4, "Prefill tok/s"
+    DECODE_TPS = 5, "Decode tok/s"
+    TTFT_P50 = 6, "TTFT p50 (s)"
+    TTFT_P95 = 7, "TTFT p95 (s)"
+    ITL_P50 = 8, "Inter-token latency p50 (s)"
+    ITL_P95 = 9, "Inter-token latency p95 (s)"
+    PREFIX_CACHE_HIT_RATE = 10, "Prefix-cache hit rate"
+    SPEC_ACCEPTANCE = 11, "Speculative acceptance rate"
+    PREEMPTIONS_PER_S = 12, "Preemptions/s"
+    CONTAINER_MEMORY = 13, "Container memory (cgroup)"
+    GPU_MEMORY = 14, "GPU memory (NVML)"
+
+
+class EngineSample(models.Model):
+    engine = models.ForeignKey(Engine, on_delete=models.CASCADE, related_name="+")
+    metric = models.PositiveSmallIntegerField(choices=EngineMetric.choices)
+    at = models.DateTimeField()
+    value = models.FloatField(null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["engine", "metric", "at"], name="esample_engine_metric_at")]
+
+
+class Event(models.Model):
+    """Something that happened on a node: a restart, a phase change, a lost GPU, a failing scrape.
+
+    The timeline marks these; alerts are built on top of them.
+    """
+
+    class Severity(models.TextChoices):
+        INFO = "info"
+        WARNING = "warning"
+        CRITICAL = "critical"
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
+    engine = models.ForeignKey(Engine, null=True, blank=True, on_delete=models.CASCADE,
+                               related_name="events")
+    at = models.DateTimeField()
+    kind = models.CharField(max_length=64)
+    severity = models.CharField(max_length=16, choices=Severity.choices, default=Severity.INFO)
+    message = models.TextField()
+
+    class Meta:
+        indexes = [models.Index(fields=["node", "at"], name="event_node_at")]
+        ordering = ["-at"]

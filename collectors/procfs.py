@@ -42,3 +42,15 @@ class Procfs:
             return self.read_text("pressure/memory")
         except ProcfsError:
             return None
+
+
+def inode_seen_by_process(pid: int, path: str, proc_root: Path = Path("/proc")) -> int | None:
+    """The inode of ``path`` as the process ``pid`` sees it (through its mount namespace).
+
+    Reads ``/proc/<pid>/root/<path>``, which needs the host PID namespace and the right to
+    look into that process (root). None when the path or the process is not there.
+    """
+    try:
+        return (proc_root / str(pid) / "root" / path.lstrip("/")).stat().st_ino
+    except OSError:
+        return None

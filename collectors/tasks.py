@@ -8,10 +8,13 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from collectors import docker_api, engines
+from collectors.gpus import record_gpu_report
 from collectors.hostmemory import collect_host_memory as collect_into
 from collectors.models import Node
 from collectors.nodes import local_node, local_procfs
 from collectors.retention import prune_node, rollup_node
+from collectors.nvml import read_gpus
 from collectors.sampling import window_seconds
 
 log = logging.getLogger(__name__)
@@ -21,14 +24,18 @@ class WrongNodeError(RuntimeError):
     """A node-local task reached a worker on another node (a routing mistake)."""
 
 
+def _require_local(node_name: str) -> None:
+    if node_name != settings.SPARKOPS_NODE_NAME:
+        raise WrongNodeError(
+            f"work for node {node_name!r} reached the worker of "
+            f"{settings.SPARKOPS_NODE_NAME!r}; check that each worker consumes only node.<its name>"
+        )
+
+
 @shared_task(ignore_result=True)
 def collect_host_memory(node_name: str) -> int:
     """Watch this node's memory for one interval and store it; returns the collection id."""
-    if node_name != settings.SPARKOPS_NODE_NAME:
-        raise WrongNodeError(
-            f"collection for node {node_name!r} reached the worker of "
-            f"{settings.SPARKOPS_NODE_NAME!r}; check that each worker consumes only node.<its name>"
-        )
+    _require_local(node_name)
     collection = collect_into(
         local_node(),
         local_procfs(),
@@ -54,3 +61,22 @@ def prune_samples() -> None:
             node, now, settings.SPARKOPS_RAW_RETENTION_DAYS, settings.SPARKOPS_ROLLUP_RETENTION_DAYS
         )
         log.info("pruned %s: %s", node.name, result)
+
+
+@shared_task(ignore_result=True)
+def collect_engines(node_name: str) -> int:
+    """Discover this node's engines, read GPUs, scrape metrics; returns engines present."""
+    _require_local(node_name)
+    node = local_node()
+    now = timezone.now()
+    gpu = read_gpus(host_memory_bytes=node.mem_total_bytes)
+    record_gpu_report(node, gpu, now)
+    try:
+        api, api_error = docker_api.client(), ""
+    except docker_api.ContainerEngineError as error:
+        api, api_error = None, str(error)
+    try:
+        return len(engines.collect_engines(node, api, now, gpu=gpu, api_error=api_error))
+    finally:
+        if api is not None:
+            api.close()

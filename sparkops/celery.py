@@ -35,6 +35,12 @@ def beat_schedule(nodes: list[str], collect_interval: float) -> dict[str, dict]:
             "args": (name,),
             "options": {"queue": node_queue(name), "expires": collect_interval},
         }
+        schedule[f"collect-engines:{name}"] = {
+            "task": "collectors.tasks.collect_engines",
+            "schedule": collect_interval,
+            "args": (name,),
+            "options": {"queue": node_queue(name), "expires": collect_interval},
+        }
     schedule["rollup-samples"] = {
         "task": "collectors.tasks.rollup_samples",
         "schedule": 60.0,

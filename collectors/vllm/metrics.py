@@ -112,6 +112,15 @@ class Histogram:
             "sum": self.sum,
         }
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Histogram:
+        """Inverse of :meth:`as_dict`."""
+        return cls(
+            buckets=tuple((float(bound), int(count)) for bound, count in data["buckets"]),
+            count=int(data["count"]),
+            sum=data.get("sum"),
+        )
+
 
 @dataclass(frozen=True)
 class MetricsSnapshot:
@@ -175,6 +184,18 @@ class MetricsSnapshot:
                 value = list(value)
             result[item.name] = value
         return result
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MetricsSnapshot:
+        """Inverse of :meth:`as_dict`, so the previous scrape can be kept in the database."""
+        known = {item.name for item in fields(cls)}
+        values = {key: value for key, value in data.items() if key in known}
+        for name in ("ttft", "inter_token_latency"):
+            if values.get(name) is not None:
+                values[name] = Histogram.from_dict(values[name])
+        if "legacy_names" in values:
+            values["legacy_names"] = tuple(values["legacy_names"])
+        return cls(**values)
 
 
 def parse_metrics_text(text: str) -> MetricsSnapshot:

@@ -61,6 +61,20 @@ def test_entrypoint_plus_cmd_behind_sh_c_with_other_commands() -> None:
     assert config.unknown_flags == {}
 
 
+def test_fd_redirection_is_not_an_argument() -> None:
+    assert parse_command_line("vllm serve m --port 8001 2>&1 | tee log").port == 8001
+    assert parse_command_line("vllm serve m --max-num-seqs 2 > /tmp/vllm.log").max_num_seqs == 2
+    # In sh, "2>&1" right after a flag leaves the flag without a value, as vLLM would see it.
+    with pytest.raises(FlagError, match="--max-num-seqs needs a value"):
+        parse_command_line("vllm serve m --max-num-seqs 2>&1 | tee log")
+
+
+def test_empty_argument_is_a_value() -> None:
+    config = parse_command_line("vllm serve m --chat-template '' --port 8001")
+    assert config.all_flags["chat-template"] == ""
+    assert config.port == 8001
+
+
 def test_newline_separates_commands_in_a_script() -> None:
     config = parse_command_line(["sh", "-c", "nvidia-smi\nvllm serve org/m --port 8009\necho done"])
     assert (config.model, config.port) == ("org/m", 8009)

@@ -245,6 +245,16 @@ def test_restart_still_loading_does_not_inherit_the_previous_startup() -> None:
     assert log.moe_backend is None
 
 
+def test_restart_of_a_startup_killed_while_loading() -> None:
+    killed = (FIXTURES / "v033_profiled.log").read_text(encoding="utf-8").splitlines()[:9]
+    restarted = (FIXTURES / "v033_pinned.log").read_text(encoding="utf-8")
+    log = parse_startup_log("\n".join(killed) + "\n" + restarted)
+    assert log.startup_count == 2
+    assert log.started_at == "11-03 08:14:02"
+    assert "attention: FLASH_ATTN" not in log.backends
+    assert log.startup_seconds == 324.0
+
+
 def test_restart_without_version_line_is_still_detected() -> None:
     once = (
         "INFO 01-30 03:19:14 [gpu_model_runner.py:1] Model loading took 9.5 GiB and 3.0 seconds\n"
@@ -271,6 +281,7 @@ KV_LINE = (
     "GPU KV cache size: 1,230,848 tokens, Maximum concurrency for 131,072 tokens per request: 9.39x"
 )
 ENGINE_CORE = "(EngineCore pid=212) INFO 11-03 08:18:50 [k.py:1]"
+INFO = "INFO 01-30 03:19:14 [any_file.py:1]"
 
 
 @pytest.mark.parametrize(
@@ -355,7 +366,8 @@ def test_two_line_and_device_variants_of_kv_capacity() -> None:
 
 
 def test_v0_gpu_and_cpu_blocks_line() -> None:
-    log = parse_startup_log("INFO 10-20 07:11:46 executor.py:122] # GPU blocks: 5691, # CPU blocks: 2")
+    line = "INFO 10-20 07:11:46 gpu_executor.py:122] # GPU blocks: 5691, # CPU blocks: 2048"
+    log = parse_startup_log(line)
     assert log.num_gpu_blocks == 5691
 
 
@@ -363,8 +375,7 @@ def test_startup_plan_pins_the_kv_cache() -> None:
     log = parse_startup_log(
         "(EngineCore pid=5) INFO 11-01 10:00:00 [startup_plan.py:90] Applying persisted startup "
         "plan (fingerprint 3f2a9c): kv_cache_memory_bytes=21474836480 (20.0 GiB), recorded "
-        "free-memory "
-        "baseline 96.4 GiB, current 95.1 GiB. Memory profiling will be skipped."
+        "free-memory baseline 96.4 GiB, current 95.1 GiB. Memory profiling will be skipped."
     )
     assert (log.kv_cache_gib, log.kv_cache_pinned, log.startup_free_gib) == (20.0, True, 95.1)
 
@@ -392,11 +403,11 @@ def test_startup_across_new_year() -> None:
 @pytest.mark.parametrize(
     ("text", "phase"),
     [
-        ("INFO 01-30 03:19:14 [api_server.py:1] vLLM API server version 0.33.0", "loading"),
-        ("INFO 01-30 03:19:14 [gpu_model_runner.py:1] Starting to load model a/b...", "loading"),
-        ("INFO 01-30 03:19:14 [monitor.py:1] Initial profiling/warmup run took 2.55 s", "profiling"),
-        ("INFO 01-30 03:19:14 [r.py:1] Estimated CUDA graph memory: -1.5 GiB total", "profiling"),
-        ("INFO 01-30 03:19:14 [gpu_worker.py:1] Available KV cache memory: 1.0 GiB", "kv_allocated"),
+        (f"{INFO} vLLM API server version 0.33.0", "loading"),
+        (f"{INFO} Starting to load model a/b...", "loading"),
+        (f"{INFO} Initial profiling/warmup run took 2.55 s", "profiling"),
+        (f"{INFO} Estimated CUDA graph memory: -1.5 GiB total", "profiling"),
+        (f"{INFO} Available KV cache memory: 1.0 GiB", "kv_allocated"),
         ("INFO:     Application startup complete.", "ready"),
         ("everything is fine\nno vLLM here", "unknown"),
         ("", "unknown"),
@@ -440,3 +451,18 @@ def test_as_dict_is_json_ready_with_the_agreed_keys() -> None:
         }
     ]
     assert data["weights_gib"] is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "INFO 13-45 99:99:99 [api_server.py:1] vLLM API server version 0.33.0\n"
+        "INFO 13-45 99:99:99 [entry.py:1] Starting vLLM server on http://0.0.0.0:8000",
+        "INFO 01-30 03:19:14 [startup.py:1] non-default args: {" + "[" * 5000 + "]" * 5000 + "}",
+        "INFO 01-30 03:19:14 [startup.py:1] non-default args: {'a': 1, oops}",
+        "\x00\xff garbage \ufffd\n" * 3,
+    ],
+)
+def test_odd_input_never_raises(text: str) -> None:
+    log = parse_startup_log(text)
+    assert log.phase in PHASES

@@ -1,0 +1,183 @@
+"""The one seam to the container engine, through the Docker Engine API.
+
+Works unchanged against Docker and against Podman's Docker-compatible service. The socket comes
+from ``SPARKOPS_DOCKER_HOST``, else ``DOCKER_HOST``, else the Docker default. Every call has a
+timeout; a missing or dead engine raises :class:`ContainerEngineError` with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import docker
+import docker.errors
+import requests.exceptions
+
+ENGINE_LABEL = "sparkops.engine"
+URL_LABEL = "sparkops.url"
+API_TIMEOUT_SECONDS = 10
+_VLLM_WORD = re.compile(r"(^|[/_.\-\s])vllm([/_.:\-\s]|$)", re.IGNORECASE)
+
+
+class ContainerEngineError(Exception):
+    """The container engine could not be reached or answered with an error."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    type: str
+    source: str
+    destination: str
+    read_write: bool
+
+
+@dataclass(frozen=True)
+class EngineContainer:
+    """What the container engine says about one engine container."""
+
+    id: str
+    name: str
+    image: str
+    state: str
+    started_at: datetime | None
+    restart_count: int
+    exit_code: int | None
+    pid: int | None
+    command: list[str]
+    env: dict[str, str]
+    labels: dict[str, str]
+    mounts: list[Mount]
+    network_mode: str
+    # container port ("8000/tcp") -> host port published for it
+    published_ports: dict[str, int] = field(default_factory=dict)
+    memory_usage_bytes: int | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+
+def client(base_url: str | None = None) -> docker.DockerClient:
+    url = base_url or os.environ.get("SPARKOPS_DOCKER_HOST") or os.environ.get("DOCKER_HOST")
+    try:
+        if url:
+            return docker.DockerClient(base_url=url, timeout=API_TIMEOUT_SECONDS)
+        return docker.from_env(timeout=API_TIMEOUT_SECONDS)
+    except docker.errors.DockerException as error:
+        raise ContainerEngineError(f"no container engine at {url or 'the default socket'}: "
+                                   f"{error}") from None
+
+
+def is_vllm_engine(attrs: dict) -> bool:
+    """A vLLM engine: labelled ``sparkops.engine=vllm``, or running vLLM by command or image."""
+    labels = (attrs.get("Config") or {}).get("Labels") or {}
+    if labels.get(ENGINE_LABEL, "").lower() == "vllm":
+        return True
+    if labels.get(ENGINE_LABEL):  # labelled as something else, or "none" to opt out
+        return False
+    words = [attrs.get("Path") or "", *(attrs.get("Args") or []),
+             (attrs.get("Config") or {}).get("Image") or ""]
+    return any(_VLLM_WORD.search(word) for word in words)
+
+
+def discover_engines(engine: docker.DockerClient) -> list[EngineContainer]:
+    """Every vLLM container on this engine, running or not, with memory for running ones."""
+    try:
+        listed = engine.api.containers(all=True)
+        found = []
+        for summary in listed:
+            attrs = engine.api.inspect_container(summary["Id"])
+            if is_vllm_engine(attrs):
+                found.append(_engine_container(engine, attrs))
+        return found
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        raise ContainerEngineError(f"container engine error: {error}") from None
+
+
+def container_logs(engine: docker.DockerClient, container_id: str, tail: int = 20_000) -> str:
+    """The container's stdout and stderr (last ``tail`` lines), decoded leniently."""
+    try:
+        raw = engine.api.logs(container_id, stdout=True, stderr=True, tail=tail)
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        raise ContainerEngineError(f"cannot read logs of {container_id[:12]}: {error}") from None
+    return raw.decode("utf-8", errors="replace")
+
+
+def _engine_container(engine: docker.DockerClient, attrs: dict) -> EngineContainer:
+    state = attrs.get("State") or {}
+    config = attrs.get("Config") or {}
+    host_config = attrs.get("HostConfig") or {}
+    running = state.get("Status") == "running"
+    return EngineContainer(
+        id=attrs["Id"],
+        name=(attrs.get("Name") or "").lstrip("/"),
+        image=config.get("Image") or attrs.get("ImageName") or "",
+        state=state.get("Status") or "unknown",
+        started_at=parse_docker_time(state.get("StartedAt")),
+        restart_count=int(attrs.get("RestartCount") or 0),
+        exit_code=None if running else state.get("ExitCode"),
+        pid=state.get("Pid") or None,
+        command=[attrs.get("Path") or "", *(attrs.get("Args") or [])],
+        env=dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item),
+        labels=dict(config.get("Labels") or {}),
+        mounts=[
+            Mount(
+                type=m.get("Type", ""), source=m.get("Source", ""),
+                destination=m.get("Destination", ""), read_write=bool(m.get("RW", True)),
+            )
+            for m in attrs.get("Mounts") or []
+        ],
+        network_mode=host_config.get("NetworkMode") or "",
+        published_ports=_published_ports(attrs),
+        memory_usage_bytes=_memory_usage(engine, attrs["Id"]) if running else None,
+    )
+
+
+def _published_ports(attrs: dict) -> dict[str, int]:
+    ports = ((attrs.get("NetworkSettings") or {}).get("Ports")) or {}
+    published: dict[str, int] = {}
+    for container_port, bindings in ports.items():
+        for binding in bindings or []:
+            if binding.get("HostPort"):
+                published[container_port] = int(binding["HostPort"])
+                break
+    return published
+
+
+def _memory_usage(engine: docker.DockerClient, container_id: str) -> int | None:
+    """The container's cgroup memory. GPU allocations are NOT charged here on GB10."""
+    try:
+        stats = engine.api.stats(container_id, stream=False, one_shot=True)
+    except (docker.errors.DockerException, requests.exceptions.RequestException):
+        return None
+    usage = (stats.get("memory_stats") or {}).get("usage")
+    return int(usage) if usage is not None else None
+
+
+def parse_docker_time(value: str | None) -> datetime | None:
+    """Docker's RFC 3339 times with nanoseconds; the zero time means "never"."""
+    if not value or value.startswith("0001-01-01"):
+        return None
+    match = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$", value)
+    if not match:
+        return None
+    fraction = (match.group(2) or ".0")[:7]
+    zone = "+00:00" if match.group(3) == "Z" else match.group(3)
+    return datetime.fromisoformat(f"{match.group(1)}{fraction}{zone}")
+
+
+def metrics_base_url(container: EngineContainer, port: int) -> str | None:
+    """Where the engine's HTTP API answers, as seen from this host.
+
+    The ``sparkops.url`` label wins; host networking means loopback on the engine's ``--port``;
+    otherwise the host port published for it. None when the API is not reachable from here.
+    """
+    if container.labels.get(URL_LABEL):
+        return container.labels[URL_LABEL].rstrip("/")
+    if container.network_mode == "host":
+        return f"http://127.0.0.1:{port}"
+    published = container.published_ports.get(f"{port}/tcp")
+    return f"http://127.0.0.1:{published}" if published else None

@@ -1,0 +1,354 @@
+"""Collect what every LLM engine on a node is: discovered, configured, started, serving.
+
+One call of :func:`collect_engines` lists the engine containers through the container engine,
+reads their launch flags, startup logs and bind mounts, scrapes their ``/metrics`` (in parallel,
+each with a total deadline), computes rates against the previous scrape, and stores per engine
+in one transaction: a failed scrape commits no samples, only the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import docker
+from django.db import transaction
+
+from collectors.docker_api import (
+    ContainerEngineError,
+    EngineContainer,
+    container_logs,
+    discover_engines,
+    metrics_base_url,
+)
+from collectors.models import Engine, EngineMetric, EngineSample, Event, Node
+from collectors.nvml import GpuReport, container_ids_for_pids, processes_by_container
+from collectors.procfs import inode_seen_by_process
+from collectors.vllm.findings import MountCheck, check_config
+from collectors.vllm.flags import EngineConfig, FlagError, parse_command_line
+from collectors.vllm.logs import StartupLog, parse_startup_log
+from collectors.vllm.metrics import MetricsSnapshot
+from collectors.vllm.rates import Observation, Rates, compute_rates
+from collectors.vllm.scrape import ScrapeError, scrape
+
+log = logging.getLogger(__name__)
+
+# Startup logs are re-read on every collection until the engine is ready (phases move then),
+# and once a minute after that, when they change little and can be large.
+LOG_REFRESH = timedelta(seconds=60)
+SCRAPE_DEADLINE_SECONDS = 4.0
+SETTLED_PHASES = {"ready", "failed"}
+
+
+@dataclass
+class ScrapeOutcome:
+    snapshot: MetricsSnapshot | None = None
+    error: str = ""
+
+
+def collect_engines(
+    node: Node,
+    api: docker.DockerClient | None,
+    now: datetime,
+    *,
+    gpu: GpuReport | None = None,
+    proc_root: Path = Path("/proc"),
+    api_error: str = "",
+) -> list[Engine]:
+    """Discover and update every engine of ``node``; return the engines present now.
+
+    ``api`` None (with ``api_error``) means the container engine could not be reached: the
+    node records why, and its engines keep their last known state.
+    """
+    try:
+        if api is None:
+            raise ContainerEngineError(api_error or "no container engine configured")
+        containers = discover_engines(api)
+    except ContainerEngineError as error:
+        node.engine_discovery_error = str(error)
+        node.save(update_fields=["engine_discovery_error"])
+        return []
+    if node.engine_discovery_error:
+        node.engine_discovery_error = ""
+        node.save(update_fields=["engine_discovery_error"])
+
+    configs = {c.id: _parse_config(c) for c in containers}
+    urls = {c.id: _metrics_url(c, configs[c.id][0]) for c in containers}
+    outcomes = _scrape_all({cid: url for cid, url in urls.items() if url}, containers)
+    gpu_by_container = _gpu_memory_by_container(gpu, proc_root) if gpu else {}
+
+    present = []
+    for container in containers:
+        config, config_error = configs[container.id]
+        engine = _update_engine(
+            node, api, container, config, config_error, urls[container.id],
+            outcomes.get(container.id), gpu_by_container.get(container.id), now, proc_root,
+        )
+        present.append(engine)
+    _mark_gone(node, {e.pk for e in present}, now)
+    return present
+
+
+def _parse_config(container: EngineContainer) -> tuple[EngineConfig | None, str]:
+    try:
+        return parse_command_line(container.command), ""
+    except FlagError as error:
+        return None, str(error)
+
+
+def _metrics_url(container: EngineContainer, config: EngineConfig | None) -> str | None:
+    port = config.port if config else 8000
+    return metrics_base_url(container, port) if container.running else None
+
+
+def _scrape_all(urls: dict[str, str], containers: list[EngineContainer]
+                ) -> dict[str, ScrapeOutcome]:
+    """Scrape every engine at once: one slow engine must not delay the others' samples."""
+    if not urls:
+        return {}
+
+    def one(url: str) -> ScrapeOutcome:
+        try:
+            return ScrapeOutcome(snapshot=scrape(f"{url}/metrics",
+                                                 deadline=SCRAPE_DEADLINE_SECONDS))
+        except ScrapeError as error:
+            return ScrapeOutcome(error=str(error))
+
+    with ThreadPoolExecutor(max_workers=min(len(urls), 8)) as pool:
+        futures = {cid: pool.submit(one, url) for cid, url in urls.items()}
+        return {cid: future.result() for cid, future in futures.items()}
+
+
+def _gpu_memory_by_container(gpu: GpuReport, proc_root: Path) -> dict[str, int | None]:
+    mapping = container_ids_for_pids(gpu.pids(), proc_root)
+    grouped = processes_by_container(gpu, mapping)
+    return {cid: use.used_gpu_memory_bytes for cid, use in grouped.items() if cid}
+
+
+def _identity(container_id: str, started_at: datetime | None) -> str:
+    return f"{container_id}@{started_at.isoformat() if started_at else '?'}"
+
+
+def _update_engine(
+    node: Node,
+    api: docker.DockerClient,
+    container: EngineContainer,
+    config: EngineConfig | None,
+    config_error: str,
+    url: str | None,
+    outcome: ScrapeOutcome | None,
+    gpu_memory: int | None,
+    now: datetime,
+    proc_root: Path,
+) -> Engine:
+    engine, created = Engine.objects.get_or_create(
+        node=node, name=container.name,
+        defaults={"container_id": container.id, "container_state": container.state,
+                  "started_at": container.started_at, "first_seen": now},
+    )
+    events: list[Event] = []
+    identity = _identity(container.id, container.started_at)
+    restarted = not created and identity != _identity(engine.container_id, engine.started_at)
+    if created:
+        events.append(_event(engine, now, "engine-discovered", "info",
+                             f"Engine {container.name} discovered ({container.state})."))
+    elif restarted:
+        events.append(_event(engine, now, "engine-restarted", "warning",
+                             f"Engine {container.name} restarted (started "
+                             f"{container.started_at:%Y-%m-%d %H:%M:%S} UTC); counters reset."
+                             if container.started_at else
+                             f"Engine {container.name} was recreated or restarted."))
+    elif not engine.present:
+        events.append(_event(engine, now, "engine-discovered", "info",
+                             f"Engine {container.name} is back."))
+
+    startup = _read_startup(api, engine, container, restarted or created, now)
+    phase = _phase(container, startup, engine.phase)
+    if phase != engine.phase and not created:
+        events.append(_event(engine, now, "phase-change", "info",
+                             f"{container.name}: {engine.phase} → {phase}"))
+
+    mounts = _mount_checks(container, proc_root)
+    findings = [f.as_dict() for f in check_config(config, log=startup, mounts=mounts)] \
+        if config else []
+    if config_error:
+        findings.insert(0, {"code": "unparseable-flags", "severity": "error",
+                            "message": f"SparkOps cannot read the launch flags: {config_error}"})
+
+    engine.container_id = container.id
+    engine.image = container.image
+    engine.container_state = container.state
+    engine.phase = phase
+    engine.started_at = container.started_at
+    engine.restart_count = container.restart_count
+    engine.exit_code = container.exit_code
+    engine.command = container.command
+    engine.config = config.as_dict() if config else {}
+    engine.config_error = config_error
+    engine.findings = findings
+    engine.metrics_url = url or ""
+    engine.memory_usage_bytes = container.memory_usage_bytes
+    engine.gpu_memory_bytes = gpu_memory
+    engine.present = True
+    engine.last_seen = now
+    if startup is not None:
+        engine.startup = startup.as_dict()
+        engine.logs_read_at = now
+
+    samples = _container_samples(engine, now)
+    if outcome is not None:
+        events += _apply_scrape(engine, outcome, identity, now, samples)
+    with transaction.atomic():
+        engine.save()
+        EngineSample.objects.bulk_create(samples)
+        Event.objects.bulk_create(events)
+    return engine
+
+
+def _read_startup(api: docker.DockerClient, engine: Engine, container: EngineContainer,
+                  fresh: bool, now: datetime) -> StartupLog | None:
+    """Parse the startup log when it can have changed; None when the last parse still holds."""
+    due = (
+        fresh
+        or engine.phase not in SETTLED_PHASES
+        or engine.logs_read_at is None
+        or now - engine.logs_read_at >= LOG_REFRESH
+        or container.state != engine.container_state
+    )
+    if not due:
+        return None
+    try:
+        return parse_startup_log(container_logs(api, container.id))
+    except ContainerEngineError as error:
+        log.warning("%s", error)
+        return None
+
+
+def _phase(container: EngineContainer, startup: StartupLog | None, previous: str) -> str:
+    """The engine's phase: from its log while the container runs; stopped or failed otherwise."""
+    logged = startup.phase if startup is not None else previous
+    if container.running:
+        return logged if logged != "stopped" else "unknown"
+    if logged == "failed" or (container.exit_code not in (None, 0)):
+        return "failed"
+    return "stopped"
+
+
+def _mount_checks(container: EngineContainer, proc_root: Path) -> list[MountCheck]:
+    """Bind mounts as the container sees them versus the host now (the stale-inode trap)."""
+    if not container.running or not container.pid:
+        return []
+    checks = []
+    for mount in container.mounts:
+        if mount.type != "bind":
+            continue
+        try:
+            host_inode: int | None = os.stat(mount.source).st_ino
+            host_exists = True
+        except FileNotFoundError:
+            host_inode, host_exists = None, False
+        except OSError:
+            host_inode, host_exists = None, True
+        checks.append(MountCheck(
+            source=mount.source,
+            destination=mount.destination,
+            container_inode=inode_seen_by_process(container.pid, mount.destination, proc_root),
+            host_inode=host_inode,
+            host_exists=host_exists,
+        ))
+    return checks
+
+
+def _container_samples(engine: Engine, now: datetime) -> list[EngineSample]:
+    samples = []
+    if engine.memory_usage_bytes is not None:
+        samples.append(EngineSample(engine=engine, metric=EngineMetric.CONTAINER_MEMORY, at=now,
+                                    value=engine.memory_usage_bytes))
+    if engine.gpu_memory_bytes is not None:
+        samples.append(EngineSample(engine=engine, metric=EngineMetric.GPU_MEMORY, at=now,
+                                    value=engine.gpu_memory_bytes))
+    return samples
+
+
+_RATE_METRICS = {
+    "prefill_tokens_per_s": EngineMetric.PREFILL_TPS,
+    "decode_tokens_per_s": EngineMetric.DECODE_TPS,
+    "ttft_p50_s": EngineMetric.TTFT_P50,
+    "ttft_p95_s": EngineMetric.TTFT_P95,
+    "itl_p50_s": EngineMetric.ITL_P50,
+    "itl_p95_s": EngineMetric.ITL_P95,
+    "prefix_cache_hit_rate": EngineMetric.PREFIX_CACHE_HIT_RATE,
+    "spec_decode_acceptance_rate": EngineMetric.SPEC_ACCEPTANCE,
+    "preemptions_per_s": EngineMetric.PREEMPTIONS_PER_S,
+}
+_GAUGE_METRICS = {
+    "requests_running": EngineMetric.REQUESTS_RUNNING,
+    "requests_waiting": EngineMetric.REQUESTS_WAITING,
+    "kv_cache_usage": EngineMetric.KV_CACHE_USAGE,
+}
+
+
+def _apply_scrape(engine: Engine, outcome: ScrapeOutcome, identity: str, now: datetime,
+                  samples: list[EngineSample]) -> list[Event]:
+    """Fold one scrape into the engine; on failure keep the last good data and say why."""
+    events: list[Event] = []
+    engine.last_scrape_at = now
+    if outcome.snapshot is None:
+        if not engine.last_scrape_error:
+            events.append(_event(engine, now, "scrape-failed", "warning",
+                                 f"{engine.name}: /metrics scrape failed: {outcome.error}"))
+        engine.last_scrape_error = outcome.error
+        return events
+    if engine.last_scrape_error:
+        events.append(_event(engine, now, "scrape-recovered", "info",
+                             f"{engine.name}: /metrics answers again."))
+    engine.last_scrape_error = ""
+    engine.last_scrape_ok_at = now
+    current = Observation(outcome.snapshot, now.timestamp(), identity)
+    rates = _rates_since_last(engine, current)
+    engine.metrics = {"snapshot": outcome.snapshot.as_dict(), "wall_time": current.wall_time,
+                      "identity": identity}
+    engine.rates = rates.as_dict() if rates else {}
+    if rates is not None and rates.restarted and "identity" not in (rates.reason or ""):
+        events.append(_event(engine, now, "counters-reset", "warning",
+                             f"{engine.name}: counters went back ({rates.reason}); "
+                             "the engine restarted, no rate for this interval."))
+    snapshot = outcome.snapshot.as_dict()
+    for key, metric in _GAUGE_METRICS.items():
+        if snapshot.get(key) is not None:
+            samples.append(EngineSample(engine=engine, metric=metric, at=now, value=snapshot[key]))
+    for key, metric in _RATE_METRICS.items():
+        value = getattr(rates, key, None) if rates else None
+        if value is not None:
+            samples.append(EngineSample(engine=engine, metric=metric, at=now, value=value))
+    return events
+
+
+def _rates_since_last(engine: Engine, current: Observation) -> Rates | None:
+    previous_state = engine.metrics or {}
+    if "snapshot" not in previous_state:
+        return None
+    previous = Observation(
+        MetricsSnapshot.from_dict(previous_state["snapshot"]),
+        previous_state["wall_time"],
+        previous_state.get("identity"),
+    )
+    return compute_rates(previous, current)
+
+
+def _mark_gone(node: Node, present_ids: set[int], now: datetime) -> None:
+    gone = Engine.objects.filter(node=node, present=True).exclude(pk__in=present_ids)
+    for engine in gone:
+        Event.objects.create(node=node, engine=engine, at=now, kind="engine-gone",
+                             severity="warning",
+                             message=f"Engine {engine.name}'s container is gone.")
+    gone.update(present=False, phase="gone")
+
+
+def _event(engine: Engine, at: datetime, kind: str, severity: str, message: str) -> Event:
+    return Event(node=engine.node, engine=engine, at=at, kind=kind, severity=severity,
+                 message=message)

@@ -1,0 +1,180 @@
+"""Engines in real containers (Podman's Docker-compatible API), each running the emulator."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from collectors import docker_api
+from collectors.engines import collect_engines
+from collectors.models import Engine, EngineMetric, EngineSample, Event
+from tests.conftest import PROJECT, free_port
+from tests.containers import docker_host, podman, run_container, unique_name  # noqa: F401
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+MIB = 1024**2
+
+
+VLLM = str(PROJECT / "collectors" / "emulator" / "bin" / "vllm")
+
+
+def _emulator(port: int, *extra: str) -> list[str]:
+    return [
+        VLLM, "serve", "nvidia/Gemma-4-26B-A4B-NVFP4",
+        "--port", str(port), "--served-model-name", "gemma", "--kv-cache-memory-bytes", "96M",
+        "--max-num-seqs", "16", "--max-num-batched-tokens", "8192",
+        "--emulator-weights-bytes", "32M", "--emulator-load-seconds", "0.3",
+        "--emulator-profile-seconds", "0.3", "--emulator-graph-seconds", "0.3",
+        "--emulator-load", "4:200:40", "--emulator-stats-interval", "1", *extra,
+    ]
+
+
+def _collect_until(node, api, condition, timeout=40.0, pause=1.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        engines = {e.name: e for e in collect_engines(node, api, timezone.now())}
+        if condition(engines):
+            return engines
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s: "
+                                 f"{[(e.name, e.phase, e.last_scrape_error) for e in engines.values()]}")
+        time.sleep(pause)
+
+
+@pytest.fixture
+def api(docker_host):  # noqa: F811
+    client = docker_api.client(docker_host)
+    yield client
+    client.close()
+
+
+def test_discovery_flags_logs_metrics_and_rates(node, api):
+    port_a, port_b = free_port(), free_port()
+    name_a, name_b = unique_name("gemma"), unique_name("legacy")
+    run_container(name_a, _emulator(port_a), labels={"sparkops.engine": "vllm"})
+    # No label: found because its command runs `vllm`.
+    run_container(name_b, [VLLM, "serve", "org/legacy-8b", "--port", str(port_b),
+                           "--emulator-style", "0.10", "--enforce-eager",
+                           "--emulator-weights-bytes", "16M", "--emulator-load", "2:100:20",
+                           "--emulator-load-seconds", "0.3"])
+    run_container(unique_name("bystander"), ["sleep", "300"])  # not an engine
+
+    engines = _collect_until(
+        node, api,
+        lambda found: {name_a, name_b} <= set(found)
+        and all(found[n].phase == "ready" and found[n].rates.get("decode_tokens_per_s")
+                for n in (name_a, name_b)),
+    )
+
+    assert set(engines) == {name_a, name_b}
+    a, b = engines[name_a], engines[name_b]
+    assert a.config["kv_cache_memory_bytes"] == 96 * MIB
+    assert a.config["served_model_name"] == "gemma"
+    assert a.config["max_num_seqs"] == 16
+    assert a.metrics_url == f"http://127.0.0.1:{port_a}"
+    codes_a = {f["code"] for f in a.findings}
+    assert {"kv-bytes-skips-precheck", "moe-backend-unset"} <= codes_a
+    assert a.startup["kv_cache_pinned"] is True
+    assert a.startup["kv_cache_gib"] == pytest.approx(96 / 1024, abs=0.01)
+    assert a.startup["version"].startswith("0.33")
+    assert a.metrics["snapshot"]["model_name"] == "gemma"
+    assert a.memory_usage_bytes > (96 + 32) * MIB  # really reserved, seen by the cgroup
+    assert a.rates["decode_tokens_per_s"] > 0 and a.rates["prefill_tokens_per_s"] > 0
+    assert b.startup["version"].startswith("0.10")
+    assert "enforce-eager" in {f["code"] for f in b.findings}
+    assert b.startup["kv_cache_pinned"] is False
+    assert Event.objects.filter(engine=a, kind="engine-discovered").count() == 1
+
+
+def test_restart_resets_counters_without_a_negative_rate(node, api):
+    port = free_port()
+    name = unique_name("restart")
+    run_container(name, _emulator(port), labels={"sparkops.engine": "vllm"})
+    _collect_until(node, api, lambda found: bool(found.get(name) and found[name].rates.get(
+        "decode_tokens_per_s")))
+    before = Engine.objects.get(node=node, name=name)
+
+    podman("restart", "--time", "2", name)
+    engines = _collect_until(
+        node, api, lambda found: found[name].started_at != before.started_at
+        and found[name].last_scrape_ok_at and found[name].last_scrape_error == ""
+        and found[name].metrics.get("identity", "").endswith(found[name].started_at.isoformat()),
+    )
+
+    after = engines[name]
+    assert after.rates.get("restarted") in (True, None)  # first scrape after: no rate at all
+    assert Event.objects.filter(engine=after, kind="engine-restarted").exists()
+    rates = EngineSample.objects.filter(
+        engine=after, metric__in=[EngineMetric.PREFILL_TPS, EngineMetric.DECODE_TPS])
+    assert rates.exists()
+    assert min(rates.values_list("value", flat=True)) >= 0
+    engines = _collect_until(node, api, lambda found: bool(found[name].rates.get(
+        "decode_tokens_per_s")))
+    assert engines[name].rates["restarted"] is False
+
+
+def test_recreated_bind_mount_is_a_stale_bind_mount(node, api, tmp_path):
+    config_dir = Path("/tmp") / unique_name("sparkops-conf")
+    config_dir.mkdir()
+    (config_dir / "site.conf").write_text("server {}\n")
+    name = unique_name("stale")
+    port = free_port()
+    try:
+        run_container(name, _emulator(port), labels={"sparkops.engine": "vllm"},
+                      volumes=[f"{config_dir}:/etc/engine-config"])
+        fresh = _collect_until(node, api, lambda found: name in found)[name]
+        assert "stale-bind-mount" not in {f["code"] for f in fresh.findings}
+
+        shutil.rmtree(config_dir)  # a branch switch deletes and recreates the directory
+        config_dir.mkdir()
+        engines = {e.name: e for e in collect_engines(node, api, timezone.now())}
+    finally:
+        shutil.rmtree(config_dir, ignore_errors=True)
+
+    stale = [f for f in engines[name].findings if f["code"] == "stale-bind-mount"]
+    assert len(stale) == 1 and stale[0]["severity"] == "error"
+    assert str(config_dir) in stale[0]["message"]
+
+
+def test_unreachable_metrics_is_a_failed_scrape_with_nothing_committed(node, api):
+    port = free_port()
+    name = unique_name("wrongurl")
+    run_container(name, _emulator(port), labels={"sparkops.engine": "vllm",
+                                                 "sparkops.url": f"http://127.0.0.1:{free_port()}"})
+
+    engine = _collect_until(node, api, lambda found: bool(found.get(name)
+                                                          and found[name].last_scrape_error))[name]
+
+    assert "refused" in engine.last_scrape_error
+    assert engine.metrics == {} and engine.rates == {}
+    assert not EngineSample.objects.filter(
+        engine=engine, metric__in=[EngineMetric.DECODE_TPS, EngineMetric.REQUESTS_RUNNING]
+    ).exists()
+    assert Event.objects.filter(engine=engine, kind="scrape-failed").count() == 1
+
+
+def test_container_engine_unreachable_is_recorded_on_the_node(node):
+    assert collect_engines(node, None, timezone.now(), api_error="no socket") == []
+    node.refresh_from_db()
+    assert node.engine_discovery_error == "no socket"
+    with pytest.raises(docker_api.ContainerEngineError):
+        docker_api.discover_engines(docker_api.client("unix:///nonexistent/docker.sock"))
+
+
+def test_gone_container_marks_the_engine_gone(node, api):
+    name = unique_name("gone")
+    run_container(name, _emulator(free_port()), labels={"sparkops.engine": "vllm"})
+    _collect_until(node, api, lambda found: name in found)
+
+    podman("rm", "--force", "--time", "0", name)
+    collect_engines(node, api, timezone.now())
+
+    engine = Engine.objects.get(node=node, name=name)
+    assert engine.present is False and engine.phase == "gone"
+    assert Event.objects.filter(engine=engine, kind="engine-gone").exists()
+    assert os.path.exists("/proc")  # host PID namespace: mounts are checked through /proc
