@@ -7,6 +7,11 @@ app_name = "dashboard"
 urlpatterns = [
     path("", views.home, name="home"),
     path("nodes/<slug:node>/", views.overview, name="overview"),
+    path("nodes/<slug:node>/engines/cards/", views.engine_cards, name="engine-cards"),
+    path("nodes/<slug:node>/engines/<str:engine>/", views.engine_detail, name="engine"),
+    path("api/nodes/<slug:node>/engines.json", views.engines_json, name="engines-json"),
+    path("api/nodes/<slug:node>/engines/<str:engine>/series.json", views.engine_series_json,
+         name="engine-series-json"),
     path("api/nodes/<slug:node>/headroom.json", views.headroom_json, name="headroom-json"),
     path("api/nodes/<slug:node>/memory.json", views.memory_json, name="memory-json"),
 ]

@@ -11,7 +11,7 @@
   const HIDDEN_MAX = 5 * 60 * 1000;
   let range = root.dataset.range;
   let timers = {};
-  let delays = { headroom: interval, chart: 3 * interval };
+  let delays = { headroom: interval, chart: 3 * interval, engines: interval };
 
   const COLORS = {
     mem_available: "#76b900", mem_available_min: "#e5534b", mem_free: "#4ea1ff",
@@ -104,6 +104,18 @@
   }
 
   const headroom = poll("headroom", function () { return headroomUrl; }, renderHeadroom);
+  const enginesUrl = root.dataset.enginesUrl;
+  const engines = function () {
+    // The cards are rendered by the server (one template for first paint and refresh).
+    fetch(enginesUrl, { credentials: "same-origin" })
+      .then(function (r) { if (!r.ok || r.redirected) throw new Error("HTTP " + r.status); return r.text(); })
+      .then(function (html) {
+        document.getElementById("engine-cards").innerHTML = html;
+        if (!document.hidden) delays.engines = interval;
+      })
+      .catch(function () { delays.engines = Math.min(delays.engines * 2, HIDDEN_MAX); })
+      .finally(function () { schedule("engines", engines); });
+  };
   const chart = poll("chart", function () { return chartUrl + "?range=" + encodeURIComponent(range); }, renderChart);
 
   document.querySelectorAll(".ranges button").forEach(function (button) {
@@ -117,11 +129,13 @@
 
   document.addEventListener("visibilitychange", function () {
     if (document.hidden) return;
-    delays = { headroom: interval, chart: 3 * interval };
+    delays = { headroom: interval, chart: 3 * interval, engines: interval };
     headroom();
     chart();
+    engines();
   });
 
   headroom();
   chart();
+  schedule("engines", engines);
 })();

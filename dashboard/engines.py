@@ -1,0 +1,111 @@
+"""What the pages show about engines: cards for the overview, series for the engine page.
+
+Every figure is None when unknown; templates and JSON show "unknown", never 0.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from collectors.models import Engine, EngineMetric, EngineSample, Event, Node
+from dashboard.downsample import SeriesPoint, break_long_gaps, downsample
+from dashboard.memory import GIB, RANGES
+
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def _first(*values):
+    return next((v for v in values if v is not None), None)
+
+
+def engine_card(engine: Engine) -> dict:
+    """The overview's summary of one engine."""
+    config, startup, rates = engine.config or {}, engine.startup or {}, engine.rates or {}
+    snapshot = (engine.metrics or {}).get("snapshot") or {}
+    kv_bytes = snapshot.get("kv_cache_memory_bytes") or config.get("kv_cache_memory_bytes")
+    kv_gib = startup.get("kv_cache_gib")
+    if kv_gib is None and kv_bytes is not None:
+        kv_gib = round(kv_bytes / GIB, 2)
+    usage = snapshot.get("kv_cache_usage")
+    return {
+        "name": engine.name,
+        "model": _first(config.get("served_model_name"), config.get("model"),
+                        snapshot.get("model_name")),
+        "phase": engine.phase,
+        "container_state": engine.container_state,
+        "present": engine.present,
+        "version": startup.get("version"),
+        "kv_gib": kv_gib,
+        "kv_pinned": startup.get("kv_cache_pinned"),
+        "kv_tokens": _first(startup.get("kv_cache_tokens"), snapshot.get("kv_cache_size_tokens")),
+        "max_concurrency": startup.get("max_concurrency"),
+        "concurrency_for_tokens": startup.get("concurrency_for_tokens"),
+        "kv_usage_pct": round(usage * 100, 1) if usage is not None else None,
+        "running": snapshot.get("requests_running"),
+        "waiting": snapshot.get("requests_waiting"),
+        "max_num_seqs": config.get("max_num_seqs"),
+        "prefill_tps": _rounded(rates.get("prefill_tokens_per_s"), 1),
+        "decode_tps": _rounded(rates.get("decode_tokens_per_s"), 1),
+        "ttft_p95_s": _rounded(rates.get("ttft_p95_s"), 2),
+        "restarted": bool(rates.get("restarted")),
+        "scrape_error": engine.last_scrape_error,
+        "findings": sorted(engine.findings or [],
+                           key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 3)),
+        "memory_gib": _rounded(engine.memory_usage_bytes / GIB, 2)
+        if engine.memory_usage_bytes is not None else None,
+    }
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def node_engine_cards(node: Node) -> list[dict]:
+    return [engine_card(e) for e in Engine.objects.filter(node=node, present=True)]
+
+
+ENGINE_SERIES = [
+    ("prefill_tps", EngineMetric.PREFILL_TPS, "Prefill tok/s", "tok/s"),
+    ("decode_tps", EngineMetric.DECODE_TPS, "Decode tok/s", "tok/s"),
+    ("ttft_p50", EngineMetric.TTFT_P50, "TTFT p50", "s"),
+    ("ttft_p95", EngineMetric.TTFT_P95, "TTFT p95", "s"),
+    ("itl_p50", EngineMetric.ITL_P50, "Inter-token p50", "s"),
+    ("itl_p95", EngineMetric.ITL_P95, "Inter-token p95", "s"),
+    ("kv_usage", EngineMetric.KV_CACHE_USAGE, "KV cache usage", "fraction"),
+    ("running", EngineMetric.REQUESTS_RUNNING, "Running", "requests"),
+    ("waiting", EngineMetric.REQUESTS_WAITING, "Waiting", "requests"),
+]
+
+
+def engine_series(engine: Engine, range_key: str, now: datetime, max_points: int,
+                  interval: float) -> dict:
+    """The engine page's series over ``range_key``; a failed scrape is simply absent (a gap)."""
+    start = now - RANGES[range_key]
+    series = []
+    bucket = RANGES[range_key].total_seconds() / max(max_points // 3, 1)
+    for key, metric, label, unit in ENGINE_SERIES:
+        rows = EngineSample.objects.filter(engine=engine, metric=metric, at__gte=start) \
+            .order_by("at").values_list("at", "value")
+        points = [SeriesPoint(at, value, value) for at, value in rows]
+        reduced = break_long_gaps(downsample(points, max_points) if points else [],
+                                  max(3 * interval + 5, 2 * bucket))
+        series.append({"key": key, "label": label, "unit": unit,
+                       "x": [at.isoformat() for at, _ in reduced],
+                       "y": [value for _, value in reduced]})
+    events = Event.objects.filter(engine=engine, at__gte=start).order_by("at")
+    return {
+        "engine": engine.name,
+        "range": range_key,
+        "start": start.isoformat(),
+        "end": now.isoformat(),
+        "max_num_seqs": (engine.config or {}).get("max_num_seqs"),
+        "series": series,
+        "events": [{"at": e.at.isoformat(), "kind": e.kind, "message": e.message}
+                   for e in events],
+    }
+
+
+def recent_events(engine: Engine, limit: int = 20) -> list[Event]:
+    return list(Event.objects.filter(engine=engine).order_by("-at")[:limit])
+
+
