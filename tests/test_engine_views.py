@@ -101,3 +101,30 @@ def test_engine_pages_need_login_and_known_names(admin_client, engine):
     assert admin_client.get("/nodes/spark-a/engines/nope/").status_code == 404
     assert admin_client.get(
         "/api/nodes/spark-a/engines/gemma/series.json?range=9y").status_code == 400
+
+
+def test_gpu_panel_shows_not_supported_and_no_driver_as_states(admin_client, node):
+    import json
+    from pathlib import Path
+
+    node.gpu = {"state": "no_driver", "reason": "no NVIDIA driver: libnvidia-ml.so.1 not found"}
+    node.save()
+    page = admin_client.get("/nodes/spark-a/").content.decode()
+    assert "GPU: no NVIDIA driver: libnvidia-ml.so.1 not found" in page
+
+    h200 = json.loads((Path(__file__).parent / "fixtures/nvml/h200_real.json").read_text())
+    gb10 = json.loads(json.dumps(h200))
+    gb10["devices"][0].update(name="NVIDIA GB10", memory={"state": "not_supported"},
+                              utilization_gpu_pct=None, unsupported=["utilization_gpu_pct"])
+    node.gpu = gb10
+    node.save()
+    page = admin_client.get("/nodes/spark-a/").content.decode()
+    assert "NVIDIA GB10" in page
+    assert "memory not reported by NVML (unified memory: see host memory)" in page
+    assert "util not supported" in page
+    assert "0 bytes" not in page and " 0 %" not in page
+
+    node.gpu = h200
+    node.save()
+    page = admin_client.get("/nodes/spark-a/").content.decode()
+    assert "36 °C" in page and "1980 MHz" in page and "of 140.4" in page
