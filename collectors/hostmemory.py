@@ -86,7 +86,7 @@ def _samples(node: Node, window: WindowReading, info: MemInfo) -> list[Sample]:
             Metric.MEM_AVAILABLE_MIN,
             window.min_available_at or at,
             window.min_available,
-            "" if window.min_available is not None else "MemAvailable unknown for the whole interval",
+            "" if window.min_available is not None else "MemAvailable unknown all interval",
         )
     )
     pressure = window.pressure

@@ -107,7 +107,9 @@ class Rollup(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["node", "metric", "minute"], name="rollup_unique_minute")
+            models.UniqueConstraint(
+                fields=["node", "metric", "minute"], name="rollup_unique_minute"
+            )
         ]
 
 

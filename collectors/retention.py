@@ -93,7 +93,8 @@ def _advance(node: Node, until: datetime, rows: list[Rollup], start: datetime) -
 
 
 def prune_node(node: Node, now: datetime, raw_days: float, rollup_days: float) -> PruneResult:
-    """Delete raw samples older than ``raw_days`` (if rolled up) and roll-ups past ``rollup_days``."""
+    """Delete raw samples older than ``raw_days`` (once rolled up) and roll-ups past
+    ``rollup_days``."""
     raw_cutoff = now - timedelta(days=raw_days)
     if node.rolled_up_until is not None:
         raw_cutoff = min(raw_cutoff, node.rolled_up_until)

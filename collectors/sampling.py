@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from collectors.meminfo import MemInfo, MemoryPressure, parse_meminfo, parse_pressure
 from collectors.procfs import Procfs, ProcfsError
@@ -22,7 +22,7 @@ from collectors.procfs import Procfs, ProcfsError
 class Clock:
     """Wall and monotonic time, injectable for tests."""
 
-    wall: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
+    wall: Callable[[], datetime] = lambda: datetime.now(UTC)
     mono: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
 
@@ -68,9 +68,9 @@ def watch_host_memory(
         except ProcfsError as failure:
             last, error = None, str(failure)
         reads += 1
-        if last is not None and last.mem_available is not None:
-            if minimum is None or last.mem_available < minimum[0]:
-                minimum = (last.mem_available, clock.wall())
+        available = last.mem_available if last is not None else None
+        if available is not None and (minimum is None or available < minimum[0]):
+            minimum = (available, clock.wall())
         remaining = deadline - clock.mono()
         if remaining <= 0:
             break

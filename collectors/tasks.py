@@ -13,8 +13,8 @@ from collectors.gpus import record_gpu_report
 from collectors.hostmemory import collect_host_memory as collect_into
 from collectors.models import Node
 from collectors.nodes import local_node, local_procfs
-from collectors.retention import prune_node, rollup_node
 from collectors.nvml import read_gpus
+from collectors.retention import prune_node, rollup_node
 from collectors.sampling import window_seconds
 
 log = logging.getLogger(__name__)

@@ -94,8 +94,8 @@ def break_long_gaps(series: Output, max_step_seconds: float) -> Output:
     """
     out: Output = []
     for pair in series:
-        if out and out[-1][1] is not None and pair[1] is not None:
-            if (pair[0] - out[-1][0]).total_seconds() > max_step_seconds:
-                out.append((out[-1][0] + (pair[0] - out[-1][0]) / 2, None))
+        if out and out[-1][1] is not None and pair[1] is not None \
+                and (pair[0] - out[-1][0]).total_seconds() > max_step_seconds:
+            out.append((out[-1][0] + (pair[0] - out[-1][0]) / 2, None))
         out.append(pair)
     return out

@@ -38,7 +38,8 @@ class Figure:
 
 FIGURES = [
     Figure("mem_available", Metric.MEM_AVAILABLE, "MemAvailable",
-           "What the kernel can hand out without swapping, counting reclaimable page cache.", "GiB"),
+           "What the kernel can hand out without swapping, counting reclaimable page cache.",
+           "GiB"),
     Figure("mem_available_min", Metric.MEM_AVAILABLE_MIN, "Lowest MemAvailable in the interval",
            "The dip a transient prefill buffer makes between two collections.", "GiB"),
     Figure("mem_free", Metric.MEM_FREE, "MemFree (≈ CUDA free on GB10)",

@@ -100,7 +100,9 @@ TEMPLATES = [
 # SQLite in WAL mode with IMMEDIATE transactions lets the web server read while the worker writes;
 # the 20 s busy timeout covers a prune or roll-up holding the write lock.
 _SQLITE_URL = f"sqlite:///{DATA_DIR / 'sparkops.sqlite3'}"
-DATABASES = {"default": dj_database_url.parse(env_str("DATABASE_URL", _SQLITE_URL), conn_max_age=60)}
+DATABASES = {
+    "default": dj_database_url.parse(env_str("DATABASE_URL", _SQLITE_URL), conn_max_age=60)
+}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     DATABASES["default"]["OPTIONS"] = {

@@ -18,6 +18,10 @@ import pytest
 from collectors.models import Node
 from collectors.procfs import Procfs
 
+# Shared fixtures that live in their own harness modules: a real browser, a real container engine.
+from tests.browser import browser, page  # noqa: E402,F401
+from tests.containers import docker_host  # noqa: E402,F401
+
 FIXTURES = Path(__file__).parent / "fixtures"
 PROJECT = Path(__file__).resolve().parent.parent
 GIB = 1024**3
@@ -34,7 +38,9 @@ def _plain_static_storage(settings) -> None:
 
 @pytest.fixture
 def node(db) -> Node:
-    return Node.objects.create(name="spark-a", hostname="spark-a", mem_total_bytes=int(121.69 * GIB))
+    return Node.objects.create(
+        name="spark-a", hostname="spark-a", mem_total_bytes=int(121.69 * GIB)
+    )
 
 
 @pytest.fixture

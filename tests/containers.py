@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROJECT
-
+PROJECT = Path(__file__).resolve().parent.parent
 PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"]
 TEST_LABEL = "sparkops.test=1"
 

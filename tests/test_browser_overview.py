@@ -8,7 +8,6 @@ import pytest
 from django.utils import timezone
 
 from collectors.models import Collection, Metric, Node, Sample
-from tests.browser import browser, page  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 GIB = 1024**3
@@ -22,13 +21,15 @@ def _seed(node: Node) -> None:
                                   ok=True)
         Sample.objects.bulk_create([
             Sample(node=node, metric=Metric.MEM_AVAILABLE, at=at, value=(40 + i % 3) * GIB),
-            Sample(node=node, metric=Metric.MEM_AVAILABLE_MIN, at=at, value=(12 if i == 30 else 39) * GIB),
-            Sample(node=node, metric=Metric.MEM_FREE, at=at, value=None, note="missing from /proc/meminfo"),
+            Sample(node=node, metric=Metric.MEM_AVAILABLE_MIN, at=at,
+                   value=(12 if i == 30 else 39) * GIB),
+            Sample(node=node, metric=Metric.MEM_FREE, at=at, value=None,
+                   note="missing from /proc/meminfo"),
         ])
 
 
 def test_overview_logs_in_shows_figures_and_draws_the_chart(live_server, page, django_user_model,
-                                                              settings):  # noqa: F811
+                                                              settings):
     settings.SPARKOPS_NODE_NAME = "spark-a"
     node = Node.objects.create(name="spark-a", mem_total_bytes=int(121.69 * GIB))
     _seed(node)
@@ -57,7 +58,7 @@ def test_overview_logs_in_shows_figures_and_draws_the_chart(live_server, page, d
 
 
 def test_overview_refreshes_itself_while_open(live_server, page, django_user_model,
-                                              settings):  # noqa: F811
+                                              settings):
     settings.SPARKOPS_NODE_NAME = "spark-a"
     settings.SPARKOPS_COLLECT_INTERVAL = 1.0
     node = Node.objects.create(name="spark-a", mem_total_bytes=int(121.69 * GIB))
@@ -81,7 +82,7 @@ def test_overview_refreshes_itself_while_open(live_server, page, django_user_mod
 
 
 def test_polling_backs_off_while_the_tab_is_hidden(live_server, page, django_user_model,
-                                                  settings):  # noqa: F811
+                                                  settings):
     settings.SPARKOPS_NODE_NAME = "spark-a"
     settings.SPARKOPS_COLLECT_INTERVAL = 1.0  # the page polls every 2 s at the fastest
     Node.objects.create(name="spark-a", mem_total_bytes=int(121.69 * GIB))

@@ -1,6 +1,6 @@
 """The container-engine seam's pure parts: what counts as an engine, times, URLs."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -34,7 +34,7 @@ def test_what_counts_as_a_vllm_engine(attrs, expected):
 
 def test_docker_times_with_nanoseconds_and_the_zero_time():
     assert parse_docker_time("2026-11-30T08:15:45.174491257Z") == datetime(
-        2026, 11, 30, 8, 15, 45, 174491, tzinfo=timezone.utc)
+        2026, 11, 30, 8, 15, 45, 174491, tzinfo=UTC)
     assert parse_docker_time("2026-11-30T17:15:45+09:00").utcoffset().total_seconds() == 9 * 3600
     assert parse_docker_time("0001-01-01T00:00:00Z") is None
     assert parse_docker_time("yesterday") is None

@@ -14,7 +14,7 @@ from collectors import docker_api
 from collectors.engines import collect_engines
 from collectors.models import Engine, EngineMetric, EngineSample, Event
 from tests.conftest import PROJECT, free_port
-from tests.containers import docker_host, podman, run_container, unique_name  # noqa: F401
+from tests.containers import podman, run_container, unique_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 MIB = 1024**2
@@ -41,13 +41,13 @@ def _collect_until(node, api, condition, timeout=40.0, pause=1.0):
         if condition(engines):
             return engines
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s: "
-                                 f"{[(e.name, e.phase, e.last_scrape_error) for e in engines.values()]}")
+            seen = [(e.name, e.phase, e.last_scrape_error) for e in engines.values()]
+            raise AssertionError(f"condition not met within {timeout} s: {seen}")
         time.sleep(pause)
 
 
 @pytest.fixture
-def api(docker_host):  # noqa: F811
+def api(docker_host):
     client = docker_api.client(docker_host)
     yield client
     client.close()

@@ -1,9 +1,9 @@
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from collectors.models import Collection, Metric, Rollup, Sample
 from collectors.retention import prune_node, rollup_node
 
-T0 = datetime(2026, 11, 1, 12, 0, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 1, 12, 0, 0, tzinfo=UTC)
 
 
 def _sample(node, at, value, metric=Metric.MEM_AVAILABLE):

@@ -1,0 +1,345 @@
+"""The text of every vLLM line the emulator prints, per style.
+
+Each function returns `(source, message)` for `VllmLog.api/core`. Texts follow ENGINES.md §2.2
+(memory planning), §2.3 (server), §2.4 (stats) and the failures listed under §2.2; the `0.10`
+variants are the "older variants seen in real logs" column. Line numbers are plausible, not real:
+ENGINES.md §2.1 says they change between every version and must never be matched on.
+
+Numbers: 2026 code formats GiB as `str(round(x, 2))` (so `0.19`, `5.0`); 2025 code used `%.2f`
+or `%.4f` depending on the line.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .planning import KvPlan
+from .styles import Style
+from .units import GIB, format_gib_2026, gib
+
+Line = tuple[str, str]
+
+
+def _gib(style: Style, nbytes: float, legacy_format: str = "{:.2f}") -> str:
+    return format_gib_2026(nbytes) if style.modern else legacy_format.format(gib(nbytes))
+
+
+def api_version(style: Style, version: str) -> Line:
+    return ("api_server.py:1912" if style.modern else "api_server.py:1805"), (
+        f"vLLM API server version {version}"
+    )
+
+
+def non_default_args(style: Style, args: dict[str, Any]) -> Line:
+    # §2.3: a Python dict repr, the easiest way to recover the flags from a log.
+    source = "startup.py:118" if style.modern else "utils.py:326"
+    return source, f"non-default args: {args!r}"
+
+
+def max_model_len(style: Style, length: int) -> Line:
+    return ("model.py:1611" if style.modern else "__init__.py:1750"), (
+        f"Using max model len {length}"
+    )
+
+
+def chunked_prefill(style: Style, batched_tokens: int) -> Line:
+    return ("scheduler.py:241" if style.modern else "scheduler.py:222"), (
+        f"Chunked prefill is enabled with max_num_batched_tokens={batched_tokens}."
+    )
+
+
+def engine_config(
+    style: Style,
+    *,
+    version: str,
+    model: str,
+    max_seq_len: int,
+    quantization: str | None,
+    enforce_eager: bool,
+    kv_cache_dtype: str,
+    served_model_name: str,
+    enable_prefix_caching: bool,
+    moe_backend: str,
+) -> Line:
+    """§2.3: the line that gives the vLLM version and the effective engine config."""
+    parts = [
+        f"model='{model}'",
+        "speculative_config=None",
+        f"tokenizer='{model}'",
+        "skip_tokenizer_init=False",
+        "tokenizer_mode=auto",
+        "revision=None",
+        "trust_remote_code=False",
+        "dtype=torch.bfloat16",
+        f"max_seq_len={max_seq_len}",
+        "download_dir=None",
+        "load_format=auto",
+        "tensor_parallel_size=1",
+        "pipeline_parallel_size=1",
+        "data_parallel_size=1",
+        "disable_custom_all_reduce=False",
+        f"quantization={quantization}",
+        f"enforce_eager={enforce_eager}",
+        f"kv_cache_dtype={kv_cache_dtype}",
+        "device_config=cuda",
+        "seed=0",
+        f"served_model_name={served_model_name}",
+        f"enable_prefix_caching={enable_prefix_caching}",
+        "chunked_prefill_enabled=True",
+    ]
+    if style.modern:
+        parts.append(f"kernel_config=KernelConfig(moe_backend='{moe_backend}')")
+    source = "core.py:101" if style.modern else "core.py:74"
+    return source, f"Initializing a V1 LLM engine (v{version}) with config: {', '.join(parts)}"
+
+
+def starting_to_load(model: str) -> Line:
+    return "gpu_model_runner.py:3342", f"Starting to load model {model}..."
+
+
+def loading_weights_took(seconds: float) -> Line:
+    return "default_loader.py:291", f"Loading weights took {seconds:.2f} seconds"
+
+
+def model_loading_took(style: Style, weights_bytes: int, seconds: float) -> Line:
+    if style.modern:
+        return "gpu_model_runner.py:3371", (
+            f"Model loading took {_gib(style, weights_bytes)} GiB memory and {seconds:.6f} seconds"
+        )
+    return "gpu_model_runner.py:1892", (
+        f"Model loading took {gib(weights_bytes):.4f} GiB and {seconds:.6f} seconds"
+    )
+
+
+def warmup_took(style: Style, seconds: float) -> Line:
+    if style.modern:
+        return "monitor.py:48", f"Initial profiling/warmup run took {seconds:.2f} s"
+    return "monitor.py:34", f"torch.compile takes {seconds:.2f} s in total"
+
+
+def cudagraph_profile() -> Line:
+    """§2.2: the first of the two CUDA-graph estimate lines (2026)."""
+    return "gpu_model_runner.py:4680", (
+        "Profiling CUDA graph memory: PIECEWISE=51 (largest=512), FULL=35 (largest=256)"
+    )
+
+
+def estimated_cudagraph_memory(graph_bytes: int) -> Line:
+    return (
+        "gpu_model_runner.py:4741",
+        f"Estimated CUDA graph memory: {gib(graph_bytes):.2f} GiB total",
+    )
+
+
+def available_kv(style: Style, pool_bytes: int) -> Line:
+    # Not printed when --kv-cache-memory-bytes is set (§2.2).
+    return ("gpu_worker.py:388" if style.modern else "gpu_worker.py:276"), (
+        f"Available KV cache memory: {_gib(style, pool_bytes)} GiB"
+    )
+
+
+def pinned_kv(style: Style, initial_free: int, pool_bytes: int) -> Line:
+    return ("gpu_worker.py:351" if style.modern else "gpu_worker.py:243"), (
+        f"Initial free memory {_gib(style, initial_free)} GiB, reserved "
+        f"{_gib(style, pool_bytes)} GiB memory for KV Cache as specified by kv_cache_memory_bytes "
+        "config and skipped memory profiling. This does not respect the gpu_memory_utilization "
+        "config. Only use kv_cache_memory_bytes config when you want manual control of KV cache "
+        "memory size. If OOM'ed, check the difference of initial free memory between the current "
+        "run and the previous run where kv_cache_memory_bytes is suggested and update it "
+        "correspondingly."
+    )
+
+
+def cudagraph_accounting_note(util: float, graph_bytes: int, mem_total: int) -> Line:
+    """§2.2: the v0.21+ note on graph memory profiling, for an unpinned pool (2026 style only)."""
+    share = graph_bytes / mem_total if mem_total else 0.0
+    return "gpu_worker.py:421", (
+        "CUDA graph memory profiling is enabled (default since v0.21.0). The current "
+        f"--gpu-memory-utilization={util:.4f} is equivalent to "
+        f"--gpu-memory-utilization={max(util - share, 0.0):.4f} without CUDA graph memory "
+        "profiling. To maintain the same effective KV cache size as before, increase "
+        f"--gpu-memory-utilization to {min(util + share, 1.0):.4f}. To disable, set "
+        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0."
+    )
+
+
+def kv_capacity(style: Style, plan: KvPlan) -> list[Line]:
+    """§2.2: one combined line since PR #50462 (2026), two lines before."""
+    size = f"GPU KV cache size: {plan.tokens:,} tokens"
+    concurrency = (
+        f"Maximum concurrency for {plan.max_model_len:,} tokens per request: "
+        f"{plan.max_concurrency:.2f}x"
+    )
+    if style.modern:
+        return [("kv_cache_utils.py:1297", f"{size}, {concurrency}")]
+    return [("kv_cache_utils.py:849", size), ("kv_cache_utils.py:853", concurrency)]
+
+
+def graph_capture(seconds: float, graph_bytes: int) -> Line:
+    return "gpu_model_runner.py:4902", (
+        f"Graph capturing finished in {seconds:.0f} secs, took {gib(graph_bytes):.2f} GiB"
+    )
+
+
+def graph_pool(actual: int, estimated: int) -> Line:
+    diff = actual - estimated
+    pct = 100.0 * diff / estimated if estimated else 0.0
+    return "gpu_worker.py:512", (
+        f"CUDA graph pool memory: {format_gib_2026(actual)} GiB (actual), "
+        f"{format_gib_2026(estimated)} GiB (estimated), difference: {format_gib_2026(diff)} GiB "
+        f"({pct:.1f}%)."
+    )
+
+
+def sizing_advice(
+    *,
+    mem_free: int,
+    mem_total: int,
+    util: float,
+    consumed: int,
+    peak_activation: int,
+    graph_bytes: int,
+    fit_bytes: int,
+    full_bytes: int,
+    in_use: int,
+) -> Line:
+    """§2.2: the advice printed when KV bytes were not pinned (2026 style)."""
+    f = format_gib_2026
+    return "gpu_worker.py:466", (
+        f"Free memory on device ({f(mem_free)}/{f(mem_total)} GiB) on startup. Desired GPU "
+        f"memory utilization is ({util}, {f(util * mem_total)} GiB). Actual usage is "
+        f"{f(consumed)} GiB for consumed memory (weights + non-torch), {f(peak_activation)} GiB "
+        f"for peak activation, and {f(graph_bytes)} GiB for CUDAGraph memory. Replace "
+        f"gpu_memory_utilization config with `--kv-cache-memory={fit_bytes}` ({f(fit_bytes)} "
+        f"GiB) to fit into requested memory, or `--kv-cache-memory={full_bytes}` "
+        f"({f(full_bytes)} GiB) to fully utilize gpu memory. Current kv cache memory in use is "
+        f"{f(in_use)} GiB."
+    )
+
+
+def init_engine_took(style: Style, seconds: float) -> Line:
+    if style.modern:
+        return "core.py:262", (
+            f"init engine (profile, create kv cache, warmup model) took {seconds:.2f} s"
+        )
+    return "core.py:214", (
+        f"init engine (profile, create kv cache, warmup model) took {seconds:.2f} seconds"
+    )
+
+
+def cache_config_info_logged(num_gpu_blocks: int) -> Line:
+    # INFO in 2025; DEBUG for the per-engine logger in 0.33, so only the 0.10 style prints it.
+    return "loggers.py:142", (
+        f"Engine 000: vllm cache_config_info with initialization after num_gpu_blocks is: "
+        f"{num_gpu_blocks}"
+    )
+
+
+def supported_tasks(style: Style) -> Line:
+    return ("api_server.py:1702" if style.modern else "api_server.py:1611"), (
+        "Supported tasks: ['generate']"
+    )
+
+
+def starting_server(style: Style, url: str) -> Line:
+    if style.modern:
+        return "entry.py:87", f"Starting vLLM server on {url}"
+    return "api_server.py:1880", f"Starting vLLM API server 0 on {url}"
+
+
+ROUTES: tuple[tuple[str, str], ...] = (
+    ("/health", "GET"),
+    ("/load", "GET"),
+    ("/ping", "GET, POST"),
+    ("/version", "GET"),
+    ("/metrics", "GET"),
+    ("/v1/models", "GET"),
+    ("/v1/completions", "POST"),
+    ("/v1/chat/completions", "POST"),
+)
+
+
+def route_lines() -> list[Line]:
+    lines = [("launcher.py:29", "Available routes are:")]
+    lines += [("launcher.py:37", f"Route: {path}, Methods: {methods}") for path, methods in ROUTES]
+    return lines
+
+
+def stats_line(
+    style: Style,
+    *,
+    prompt_tps: float,
+    generation_tps: float,
+    running: int,
+    waiting: int,
+    preemptions: int,
+    kv_usage: float,
+    prefix_hit_rate: float | None,
+) -> Line:
+    """§2.4, logged by the frontend every VLLM_LOG_STATS_INTERVAL seconds while busy."""
+    parts = [
+        f"Engine 000: Avg prompt throughput: {prompt_tps:.1f} tokens/s",
+        f"Avg generation throughput: {generation_tps:.1f} tokens/s",
+        f"Running: {running} reqs",
+        f"Waiting: {waiting} reqs",
+    ]
+    if style.modern and preemptions:
+        parts.append(f"Preemptions: {preemptions}")
+    parts.append(f"GPU KV cache usage: {kv_usage * 100:.1f}%")
+    if prefix_hit_rate is not None:
+        parts.append(f"Prefix cache hit rate: {prefix_hit_rate * 100:.1f}%")
+    return ("loggers.py:259" if style.modern else "loggers.py:123"), ", ".join(parts)
+
+
+# --- failures (§2.2 "Startup failures worth detecting") ----------------------------------------
+
+
+def free_memory_error(style: Style, mem_free: int, mem_total: int, util: float) -> str:
+    """`vllm/v1/worker/utils.py:request_memory`; older text lacks `cuda:0`."""
+    device = "cuda:0 " if style.modern else ""
+    return (
+        f"ValueError: Free memory on device {device}({gib(mem_free):.2f}/{gib(mem_total):.2f} GiB) "
+        f"on startup is less than desired GPU memory utilization ({util}, "
+        f"{gib(util * mem_total):.2f} GiB). Decrease GPU memory utilization or reduce GPU memory "
+        "used by other processes."
+    )
+
+
+def profiling_error(initial_free: int, current_free: int) -> str:
+    return (
+        f"AssertionError: Error in memory profiling. Initial free memory {gib(initial_free):.2f} "
+        f"GiB, current free memory {gib(current_free):.2f} GiB. This happens when other processes "
+        "sharing the same container release GPU memory while vLLM is profiling during "
+        "initialization. To fix this, ensure consistent GPU memory allocation or isolate vLLM in "
+        "its own container."
+    )
+
+
+def max_seq_len_error(max_model_len: int, needed: int, available: int, estimated: int) -> str:
+    # The stray "(" before the GiB figure is in vLLM's source (§2.2).
+    return (
+        f"ValueError: To serve at least one request with the model's max seq len "
+        f"({max_model_len}), ({needed / GIB:.2f} GiB KV cache is needed, which is larger than the "
+        f"available KV cache memory ({available / GIB:.2f} GiB). Based on the available memory, "
+        f"the estimated maximum model length is {estimated}. Try increasing "
+        "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."
+    )
+
+
+def no_cache_memory_error() -> str:
+    return (
+        "ValueError: No available memory for the cache blocks. Try increasing "
+        "`gpu_memory_utilization` when initializing the engine."
+    )
+
+
+def weights_oom_error() -> str:
+    return "RuntimeError: Failed to load model - not enough GPU memory."
+
+
+def kv_oom_error(nbytes: int, mem_total: int, mem_free: int) -> str:
+    return (
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {gib(nbytes):.2f} GiB. "
+        f"GPU 0 has a total capacity of {gib(mem_total):.2f} GiB of which {gib(mem_free):.2f} GiB "
+        "is free."
+    )

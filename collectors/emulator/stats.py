@@ -1,0 +1,63 @@
+"""The periodic `Engine 000: Avg prompt throughput: …` line (ENGINES.md §2.4).
+
+vLLM's frontend logs it every VLLM_LOG_STATS_INTERVAL seconds, at INFO only when this interval
+or the previous one had non-zero throughput (otherwise at DEBUG, which is silent); so an idle
+engine, or one stuck in a long prefill that has not finished yet, prints nothing.
+
+The prefix-cache hit rate is cumulative since start (vLLM averages over recent requests); it is
+shown only when prefix caching is on.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from . import messages
+from .engine import Engine
+from .logs import VllmLog
+
+
+class StatsLogger:
+    """Logs the stats line from a thread of its own until `stop` is set."""
+
+    def __init__(
+        self, engine: Engine, log: VllmLog, *, interval: float, enabled: bool, prefix_caching: bool
+    ) -> None:
+        self._engine = engine
+        self._log = log
+        self._interval = interval
+        self._enabled = enabled
+        self._prefix_caching = prefix_caching
+
+    def run(self, stop: threading.Event) -> None:
+        if not self._enabled:
+            return
+        last = self._engine.totals()
+        last_time = time.monotonic()
+        last_busy = False
+        while not stop.wait(self._interval):
+            now_totals = self._engine.totals()
+            now = time.monotonic()
+            elapsed = max(now - last_time, 1e-9)
+            prompt_tps = (now_totals.prompt_tokens - last.prompt_tokens) / elapsed
+            generation_tps = (now_totals.generation_tokens - last.generation_tokens) / elapsed
+            busy = bool(prompt_tps or generation_tps)
+            if busy or last_busy:
+                queries = now_totals.prefix_queries
+                hit_rate: float | None = None
+                if self._prefix_caching:
+                    hit_rate = now_totals.prefix_hits / queries if queries else 0.0
+                self._log.api(
+                    *messages.stats_line(
+                        self._log.style,
+                        prompt_tps=prompt_tps,
+                        generation_tps=generation_tps,
+                        running=now_totals.running,
+                        waiting=now_totals.waiting,
+                        preemptions=now_totals.preemptions - last.preemptions,
+                        kv_usage=now_totals.kv_usage,
+                        prefix_hit_rate=hit_rate,
+                    )
+                )
+            last, last_time, last_busy = now_totals, now, busy
