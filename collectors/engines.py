@@ -167,13 +167,14 @@ def _update_engine(
                              f"Engine {container.name} is back."))
 
     startup = _read_startup(api, engine, container, restarted or created, now)
+    known_startup = startup or (StartupLog.from_dict(engine.startup) if engine.startup else None)
     phase = _phase(container, startup, engine.phase)
     if phase != engine.phase and not created:
         events.append(_event(engine, now, "phase-change", "info",
                              f"{container.name}: {engine.phase} → {phase}"))
 
     mounts = _mount_checks(container, proc_root)
-    findings = [f.as_dict() for f in check_config(config, log=startup, mounts=mounts)] \
+    findings = [f.as_dict() for f in check_config(config, log=known_startup, mounts=mounts)] \
         if config else []
     if config_error:
         findings.insert(0, {"code": "unparseable-flags", "severity": "error",
@@ -232,7 +233,8 @@ def _phase(container: EngineContainer, startup: StartupLog | None, previous: str
     """The engine's phase: from its log while the container runs; stopped or failed otherwise."""
     logged = startup.phase if startup is not None else previous
     if container.running:
-        return logged if logged != "stopped" else "unknown"
+        # Running but nothing recognisable logged yet: the process is still coming up.
+        return "starting" if logged in ("unknown", "stopped", "gone") else logged
     if logged == "failed" or (container.exit_code not in (None, 0)):
         return "failed"
     return "stopped"

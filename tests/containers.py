@@ -8,6 +8,7 @@ accepts (the default crun runtime fails with "cgroups in hybrid mode not support
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -19,7 +20,11 @@ from pathlib import Path
 import pytest
 
 PROJECT = Path(__file__).resolve().parent.parent
-PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"]
+# A storage root of this test run's own: containers of another run on the same machine (or of
+# the admin) are neither seen nor touched.
+STORAGE = Path(tempfile.gettempdir()) / f"sparkops-podman-{os.getpid()}"
+PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
+          "--root", str(STORAGE / "root"), "--runroot", str(STORAGE / "run")]
 TEST_LABEL = "sparkops.test=1"
 
 
@@ -48,6 +53,8 @@ def docker_host() -> Iterator[str]:
         service.terminate()
         service.wait(timeout=10)
         shutil.rmtree(folder, ignore_errors=True)
+        subprocess.run([*PODMAN, "system", "reset", "--force"], capture_output=True)
+        shutil.rmtree(STORAGE, ignore_errors=True)
 
 
 def unique_name(prefix: str) -> str:

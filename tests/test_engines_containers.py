@@ -56,7 +56,11 @@ def api(docker_host):
 def test_discovery_flags_logs_metrics_and_rates(node, api):
     port_a, port_b = free_port(), free_port()
     name_a, name_b = unique_name("gemma"), unique_name("legacy")
-    run_container(name_a, _emulator(port_a), labels={"sparkops.engine": "vllm"})
+    run_container(name_a, _emulator(port_a, "--emulator-load-seconds", "2"),
+                  labels={"sparkops.engine": "vllm"})
+    # Weights still loading (its /health says 503): the phase comes from the log.
+    _collect_until(node, api, lambda found: name_a in found and found[name_a].phase == "loading",
+                   timeout=5, pause=0.2)
     # No label: found because its command runs `vllm`.
     run_container(name_b, [VLLM, "serve", "org/legacy-8b", "--port", str(port_b),
                            "--emulator-style", "0.10", "--enforce-eager",
@@ -89,6 +93,27 @@ def test_discovery_flags_logs_metrics_and_rates(node, api):
     assert "enforce-eager" in {f["code"] for f in b.findings}
     assert b.startup["kv_cache_pinned"] is False
     assert Event.objects.filter(engine=a, kind="engine-discovered").count() == 1
+    phases = list(Event.objects.filter(engine=a, kind="phase-change").order_by("at")
+                  .values_list("message", flat=True))
+    assert phases and phases[-1].endswith("→ ready")
+
+
+def test_stopped_and_failed_engines(node, api):
+    stopped, failed = unique_name("stopped"), unique_name("failed")
+    run_container(stopped, _emulator(free_port()), labels={"sparkops.engine": "vllm"})
+    run_container(failed, _emulator(free_port(), "--emulator-fail", "free-memory"),
+                  labels={"sparkops.engine": "vllm"})
+    _collect_until(node, api, lambda found: found.get(stopped) is not None
+                   and found[stopped].phase == "ready")
+
+    podman("stop", "--time", "5", stopped)
+    engines = _collect_until(node, api, lambda found: found[failed].container_state == "exited")
+
+    assert engines[stopped].phase == "stopped" and engines[stopped].exit_code == 0
+    broken = engines[failed]
+    assert broken.phase == "failed" and broken.exit_code != 0
+    assert broken.startup["errors"][0]["kind"] == "free-memory-below-utilization"
+    assert "startup-error" in {f["code"] for f in broken.findings}
 
 
 def test_restart_resets_counters_without_a_negative_rate(node, api):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -84,6 +84,14 @@ class StartupLog:
     def recognised(self) -> bool:
         """False when not a single vLLM startup line was found."""
         return self.phase != "unknown"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StartupLog:
+        """Inverse of :meth:`as_dict`, so a stored parse can feed the config checks again."""
+        known = {item.name for item in fields(cls)}
+        values = {key: value for key, value in data.items() if key in known}
+        values["errors"] = [LogError(**error) for error in data.get("errors", [])]
+        return cls(**values)
 
     def as_dict(self) -> dict[str, Any]:
         """Every field as JSON-ready values; unknown numbers stay ``None``, never 0."""

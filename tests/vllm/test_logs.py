@@ -466,3 +466,14 @@ def test_as_dict_is_json_ready_with_the_agreed_keys() -> None:
 def test_odd_input_never_raises(text: str) -> None:
     log = parse_startup_log(text)
     assert log.phase in PHASES
+
+
+def test_every_stored_parse_round_trips() -> None:
+    from collectors.vllm.logs import StartupLog
+
+    names = sorted(p.name for p in (Path(__file__).parent.parent / "fixtures" / "vllm_logs")
+                   .glob("*.log"))
+    assert len(names) >= 10
+    for name in names:
+        parsed = parse_fixture(name)
+        assert StartupLog.from_dict(json.loads(json.dumps(parsed.as_dict()))) == parsed
