@@ -1,0 +1,1 @@
+"""Alert rules, their lifecycle (pending → firing → resolved), and silences."""

@@ -1,0 +1,1 @@
+"""Notification channels (email, webhook) and the outbox that delivers alerts through them."""
