@@ -1,6 +1,8 @@
 from django.urls import path
 
 from dashboard import views
+from dashboard.alerting import urls as alerting_urls
+from dashboard.notify import urls as notify_urls
 
 app_name = "dashboard"
 
@@ -15,3 +17,6 @@ urlpatterns = [
     path("api/nodes/<slug:node>/headroom.json", views.headroom_json, name="headroom-json"),
     path("api/nodes/<slug:node>/memory.json", views.memory_json, name="memory-json"),
 ]
+
+# Alerting and notification pages share this app's namespace ("dashboard:<name>").
+urlpatterns += alerting_urls.urlpatterns + notify_urls.urlpatterns

@@ -165,6 +165,23 @@ SPARKOPS_RAW_RETENTION_DAYS = env_float("SPARKOPS_RAW_RETENTION_DAYS", 7, minimu
 SPARKOPS_ROLLUP_RETENTION_DAYS = env_float("SPARKOPS_ROLLUP_RETENTION_DAYS", 90, minimum=1)
 SPARKOPS_MAX_CHART_POINTS = env_int("SPARKOPS_MAX_CHART_POINTS", 2000, minimum=100)
 
+# --- alert delivery ------------------------------------------------------------------------------
+# Django's SMTP backend; EMAIL_TIMEOUT matters: without it a tarpit SMTP server blocks forever.
+EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+EMAIL_HOST = env_str("SPARKOPS_SMTP_HOST", "localhost")
+EMAIL_PORT = env_int("SPARKOPS_SMTP_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("SPARKOPS_SMTP_USER", "")
+EMAIL_HOST_PASSWORD = env_str("SPARKOPS_SMTP_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("SPARKOPS_SMTP_STARTTLS", False)
+EMAIL_USE_SSL = env_bool("SPARKOPS_SMTP_SSL", False)
+EMAIL_TIMEOUT = env_float("SPARKOPS_SMTP_TIMEOUT", 10.0, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("SPARKOPS_MAIL_FROM", "sparkops@localhost")
+# Webhook targets on private, loopback or link-local networks are refused unless listed here
+# (comma-separated CIDRs), e.g. "10.0.0.0/8" for an internal chat server.
+SPARKOPS_WEBHOOK_ALLOWED_NETWORKS = env_list("SPARKOPS_WEBHOOK_ALLOWED_NETWORKS", [])
+# Public address of this SparkOps, for links in notifications.
+SPARKOPS_PUBLIC_URL = env_str("SPARKOPS_PUBLIC_URL", "http://127.0.0.1:8470")
+
 # --- Celery -------------------------------------------------------------------------------------
 # The embedded default is kombu's file-system transport: beat and workers on one machine exchange
 # messages through a directory, no server needed. Set CELERY_BROKER_URL=redis://... for a fleet.
