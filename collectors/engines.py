@@ -25,6 +25,7 @@ from collectors.docker_api import (
     discover_engines,
     metrics_base_url,
 )
+from collectors.modelconfig import activation_bytes_per_token, read_model_config
 from collectors.models import Engine, EngineMetric, EngineSample, Event, Node
 from collectors.nvml import GpuReport, container_ids_for_pids, processes_by_container
 from collectors.procfs import inode_seen_by_process
@@ -188,6 +189,9 @@ def _update_engine(
     engine.restart_count = container.restart_count
     engine.exit_code = container.exit_code
     engine.command = container.command
+    engine.labels = container.labels
+    engine.model_bytes_per_token = _model_bytes_per_token(container, config, proc_root) \
+        or engine.model_bytes_per_token
     engine.config = config.as_dict() if config else {}
     engine.config_error = config_error
     engine.findings = findings
@@ -238,6 +242,18 @@ def _phase(container: EngineContainer, startup: StartupLog | None, previous: str
     if logged == "failed" or (container.exit_code not in (None, 0)):
         return "failed"
     return "stopped"
+
+
+def _model_bytes_per_token(container: EngineContainer, config: EngineConfig | None,
+                           proc_root: Path) -> int | None:
+    """Activation bytes per batched token from the model's config.json, when the engine was
+    started from a local model directory we can see into (through /proc/<pid>/root)."""
+    if not (container.running and container.pid and config and config.model
+            and config.model.startswith("/")):
+        return None
+    return activation_bytes_per_token(
+        read_model_config(proc_root / str(container.pid) / "root" / config.model.lstrip("/"))
+    )
 
 
 def _mount_checks(container: EngineContainer, proc_root: Path) -> list[MountCheck]:

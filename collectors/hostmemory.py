@@ -27,14 +27,28 @@ _FIELD_METRICS = {
 
 def collect_host_memory(
     node: Node, procfs: Procfs, *, duration: float, period: float, clock: Clock | None = None
-) -> Collection:
+) -> tuple[Collection, WindowReading]:
     """Watch the node's memory for ``duration`` seconds and store what was seen.
 
     Blocks for ``duration``. Writes one :class:`Collection` and, when meminfo was readable,
     one :class:`Sample` per metric, all in one transaction.
     """
     window = watch_host_memory(procfs, duration=duration, period=period, clock=clock)
-    return record_window(node, window)
+    return record_window(node, window), window
+
+
+def window_figures(window: WindowReading) -> dict[str, int | None]:
+    """The host numbers of one interval the ledger needs, in bytes (None: unknown)."""
+    info = window.last
+    if info is None:
+        return {}
+    return {
+        "mem_total": info.get("MemTotal"),
+        "mem_available": info.mem_available,
+        "mem_available_min": window.min_available,
+        "page_cache_reclaimable": info.page_cache_reclaimable(),
+        "swap_used": info.swap_used(),
+    }
 
 
 def record_window(node: Node, window: WindowReading) -> Collection:

@@ -26,6 +26,10 @@ class Node(models.Model):
     gpu_read_at = models.DateTimeField(null=True, blank=True)
     # Why engines could not be listed at the last try ("" when the container engine answered).
     engine_discovery_error = models.TextField(blank=True)
+    # The latest memory ledger (collectors.ledger.Ledger.as_dict) and, per component, the
+    # amount at its last recorded change (what the next change is measured against).
+    ledger = models.JSONField(default=dict, blank=True)
+    ledger_baseline = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["name"]
@@ -135,6 +139,7 @@ class Engine(models.Model):
     config_error = models.TextField(blank=True)
     startup = models.JSONField(default=dict)  # what the startup log told (collectors.vllm.logs)
     findings = models.JSONField(default=list)  # [{code, severity, message}]
+    labels = models.JSONField(default=dict)  # container labels (sparkops.* settings live here)
     metrics_url = models.CharField(max_length=512, blank=True)
     memory_usage_bytes = models.BigIntegerField(null=True, blank=True)  # cgroup: excludes GPU
     gpu_memory_bytes = models.BigIntegerField(null=True, blank=True)  # NVML per-process, if any
@@ -144,6 +149,12 @@ class Engine(models.Model):
     last_scrape_ok_at = models.DateTimeField(null=True, blank=True)
     last_scrape_error = models.TextField(blank=True)
     logs_read_at = models.DateTimeField(null=True, blank=True)
+    # Transient prefill need: bytes of activation per batched token, set by an admin or read from
+    # the model's config.json; and the largest host-memory dip seen while it alone prefilled.
+    prefill_bytes_per_token = models.PositiveIntegerField(null=True, blank=True)
+    model_bytes_per_token = models.PositiveIntegerField(null=True, blank=True)
+    prefill_observed_bytes = models.BigIntegerField(null=True, blank=True)
+    prefill_observed_at = models.DateTimeField(null=True, blank=True)
     present = models.BooleanField(default=True)
     first_seen = models.DateTimeField(default=timezone.now)
     last_seen = models.DateTimeField(default=timezone.now)
@@ -209,3 +220,28 @@ class Event(models.Model):
     class Meta:
         indexes = [models.Index(fields=["node", "at"], name="event_node_at")]
         ordering = ["-at"]
+
+
+class LedgerChange(models.Model):
+    """A ledger component that moved by more than the node's change threshold.
+
+    Components: ``kv_pool`` and ``non_kv`` of an engine, ``page_cache``, or ``process:<name>``.
+    Alert causes are read from these rows ("B's KV pool went 8 → 24 GiB at 14:02").
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="ledger_changes")
+    engine = models.ForeignKey(Engine, null=True, blank=True, on_delete=models.CASCADE,
+                               related_name="+")
+    component = models.CharField(max_length=160)
+    label = models.CharField(max_length=255)
+    at = models.DateTimeField()
+    before_bytes = models.BigIntegerField(null=True)
+    after_bytes = models.BigIntegerField(null=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["node", "at"], name="ledgerchange_node_at")]
+        ordering = ["-at"]
+
+    @property
+    def growth_bytes(self) -> int:
+        return (self.after_bytes or 0) - (self.before_bytes or 0)

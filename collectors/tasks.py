@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import logging
 
-from celery import shared_task
+from celery import current_app, shared_task
 from django.conf import settings
 from django.utils import timezone
 
 from collectors import docker_api, engines
 from collectors.gpus import record_gpu_report
 from collectors.hostmemory import collect_host_memory as collect_into
+from collectors.hostmemory import window_figures
+from collectors.ledger import update_ledger
 from collectors.models import Node
 from collectors.nodes import local_node, local_procfs
 from collectors.nvml import read_gpus
@@ -18,6 +20,7 @@ from collectors.retention import prune_node, rollup_node
 from collectors.sampling import window_seconds
 
 log = logging.getLogger(__name__)
+EVALUATE_ALERTS_TASK = "dashboard.alerting.tasks.evaluate_alerts"
 
 
 class WrongNodeError(RuntimeError):
@@ -36,14 +39,21 @@ def _require_local(node_name: str) -> None:
 def collect_host_memory(node_name: str) -> int:
     """Watch this node's memory for one interval and store it; returns the collection id."""
     _require_local(node_name)
-    collection = collect_into(
-        local_node(),
+    node = local_node()
+    collection, window = collect_into(
+        node,
         local_procfs(),
         duration=window_seconds(settings.SPARKOPS_COLLECT_INTERVAL),
         period=settings.SPARKOPS_DIP_PERIOD,
     )
-    if not collection.ok:
+    if collection.ok:
+        update_ledger(node, window_figures(window), collection.at)
+    else:
         log.warning("host memory collection failed on %s: %s", node_name, collection.error)
+    # Alerts are evaluated centrally, after every collection (by task name: the collectors do
+    # not depend on the dashboard).
+    current_app.send_task(EVALUATE_ALERTS_TASK, args=(node_name,), queue="sparkops",
+                          expires=settings.SPARKOPS_COLLECT_INTERVAL * 2)
     return collection.id
 
 

@@ -12,6 +12,7 @@ from django.utils import timezone
 from collectors.models import Engine, Node
 from collectors.nodes import local_node
 from dashboard.engines import engine_card, engine_series, node_engine_cards, recent_events
+from dashboard.ledger import ledger_bar
 from dashboard.memory import RANGES, chart_series, current_headroom
 
 DEFAULT_RANGE = "1h"
@@ -43,6 +44,7 @@ def overview(request: HttpRequest, node: str) -> HttpResponse:
         "chart_url": reverse("dashboard:memory-json", args=[watched.name]),
         "engines_url": reverse("dashboard:engine-cards", args=[watched.name]),
         "cards": node_engine_cards(watched),
+        "ledger": ledger_bar(watched),
     })
 
 
@@ -51,7 +53,8 @@ def engine_cards(request: HttpRequest, node: str) -> HttpResponse:
     """The overview's engine cards as an HTML fragment, for the page's live refresh."""
     watched = _node_or_404(node)
     return render(request, "dashboard/_engine_cards.html",
-                  {"node": watched, "cards": node_engine_cards(watched)})
+                  {"node": watched, "cards": node_engine_cards(watched),
+                   "ledger": ledger_bar(watched)})
 
 
 @login_required

@@ -41,6 +41,11 @@ def beat_schedule(nodes: list[str], collect_interval: float) -> dict[str, dict]:
             "args": (name,),
             "options": {"queue": node_queue(name), "expires": collect_interval},
         }
+    schedule["deliver-notifications"] = {
+        "task": "dashboard.notify.tasks.deliver_notifications",
+        "schedule": 5.0,
+        "options": {"queue": "sparkops", "expires": 5.0},
+    }
     schedule["rollup-samples"] = {
         "task": "collectors.tasks.rollup_samples",
         "schedule": 60.0,

@@ -163,6 +163,9 @@ SPARKOPS_DIP_PERIOD = env_float("SPARKOPS_DIP_PERIOD", 0.1, minimum=0.01)
 SPARKOPS_PROCFS = env_str("SPARKOPS_PROCFS", "/proc")
 SPARKOPS_RAW_RETENTION_DAYS = env_float("SPARKOPS_RAW_RETENTION_DAYS", 7, minimum=0.01)
 SPARKOPS_ROLLUP_RETENTION_DAYS = env_float("SPARKOPS_ROLLUP_RETENTION_DAYS", 90, minimum=1)
+# A ledger component (an engine's KV pool, page cache, a process) moving by more than this share
+# of MemTotal is recorded as a change an alert can name as its cause.
+SPARKOPS_LEDGER_CHANGE_FRACTION = env_float("SPARKOPS_LEDGER_CHANGE_FRACTION", 0.005, minimum=0)
 SPARKOPS_MAX_CHART_POINTS = env_int("SPARKOPS_MAX_CHART_POINTS", 2000, minimum=100)
 
 # --- alert delivery ------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ def test_collection_stores_every_metric_with_pressure(node, procfs_tree):
         (FIXTURES / "meminfo-gb10").read_text(), (FIXTURES / "pressure-memory").read_text()
     )
 
-    collection = collect_host_memory(node, procfs, duration=0.2, period=0.05)
+    collection, _ = collect_host_memory(node, procfs, duration=0.2, period=0.05)
 
     values = _values(collection)
     assert collection.ok and collection.reads >= 3
@@ -42,7 +42,7 @@ def test_missing_field_is_stored_as_null_with_its_reason(node, procfs_tree):
     text = (FIXTURES / "meminfo-gb10").read_text().replace("MemFree:", "MemFree: n/a kB #")
     procfs = procfs_tree(text)  # no PSI file either
 
-    collection = collect_host_memory(node, procfs, duration=0.05, period=0.05)
+    collection, _ = collect_host_memory(node, procfs, duration=0.05, period=0.05)
 
     values = _values(collection)
     assert collection.ok
@@ -56,7 +56,7 @@ def test_missing_field_is_stored_as_null_with_its_reason(node, procfs_tree):
 def test_unreadable_meminfo_is_a_failed_collection_with_the_reason(node, procfs_tree):
     procfs = procfs_tree(None)
 
-    collection = collect_host_memory(node, procfs, duration=0.05, period=0.05)
+    collection, _ = collect_host_memory(node, procfs, duration=0.05, period=0.05)
 
     assert not collection.ok
     assert "meminfo does not exist" in collection.error
@@ -85,7 +85,7 @@ def test_a_one_second_allocation_between_collections_is_the_interval_minimum(nod
         [sys.executable, "-c", _HOLDER, str(size)], stdout=subprocess.PIPE, text=True
     )
     try:
-        collection = collect_host_memory(node, Procfs(), duration=6.0, period=0.1)
+        collection, _ = collect_host_memory(node, Procfs(), duration=6.0, period=0.1)
         output, _ = holder.communicate(timeout=15)
     finally:
         holder.kill()

@@ -1,0 +1,246 @@
+"""The memory ledger of a node: who holds the unified memory, and how much room is left.
+
+Built after every host-memory collection from what each engine reports about itself (startup
+log, ``cache_config_info``, flags), the page cache, every other process by name, and the
+headroom (MemAvailable with the interval's minimum). A figure nobody reported stays None.
+
+Components whose size moves by more than the node's change threshold are recorded as
+:class:`LedgerChange` rows: the causes an alert can name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+import psutil
+from django.conf import settings
+
+from collectors.models import Engine, LedgerChange, Node
+from collectors.nvml import container_ids_for_pids
+from collectors.processes import ProcessGroup, memory_by_process_name
+
+GIB = 1024**3
+# On GB10 vLLM keeps the small scheduler tier: 2048 batched tokens unless the flag says otherwise
+# (ENGINES.md §4).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+PREFILL_LABEL = "sparkops.prefill-bytes-per-token"
+TOP_PROCESSES = 8
+
+
+@dataclass
+class EngineShare:
+    """One engine's part of the ledger, in bytes (None: not reported)."""
+
+    engine_id: int
+    name: str
+    weights: int | None
+    kv_pool: int | None
+    cuda_graphs: int | None
+    actual: int | None  # what the engine really holds (NVML per-process or its cgroup)
+    prefill_estimate: int | None
+    prefill_observed: int | None
+    prefill_need: int | None
+    prefill_need_source: str | None  # "observed" or "estimate"
+
+    @property
+    def reserved(self) -> int | None:
+        parts = (self.weights, self.kv_pool, self.cuda_graphs)
+        return None if any(p is None for p in parts) else sum(parts)  # type: ignore[arg-type]
+
+    @property
+    def non_kv(self) -> int | None:
+        if self.actual is None or self.kv_pool is None:
+            return None
+        return max(self.actual - self.kv_pool, 0)
+
+
+@dataclass
+class Ledger:
+    at: str
+    mem_total: int | None
+    mem_available: int | None
+    mem_available_min: int | None
+    page_cache_reclaimable: int | None
+    swap_used: int | None
+    engines: list[EngineShare] = field(default_factory=list)
+    processes: list[dict] = field(default_factory=list)  # top processes: name, rss_bytes, count
+    others_total: int | None = None
+
+    @property
+    def headroom(self) -> int | None:
+        """Room left for a transient buffer: the interval's lowest MemAvailable."""
+        return self.mem_available_min if self.mem_available_min is not None \
+            else self.mem_available
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        for share, engine in zip(data["engines"], self.engines, strict=True):
+            share["reserved"] = engine.reserved
+            share["non_kv"] = engine.non_kv
+        data["headroom"] = self.headroom
+        return data
+
+
+def _gib_to_bytes(value: float | None) -> int | None:
+    return None if value is None else int(value * GIB)
+
+
+def prefill_estimate(engine: Engine) -> int | None:
+    """``--max-num-batched-tokens`` × activation bytes per token (admin setting, container label
+    ``sparkops.prefill-bytes-per-token``, or the model's config.json, in that order)."""
+    per_token = engine.prefill_bytes_per_token
+    if per_token is None and (engine.labels or {}).get(PREFILL_LABEL, "").isdigit():
+        per_token = int(engine.labels[PREFILL_LABEL])
+    per_token = per_token or engine.model_bytes_per_token
+    if per_token is None:
+        return None
+    tokens = (engine.config or {}).get("max_num_batched_tokens") or DEFAULT_MAX_NUM_BATCHED_TOKENS
+    return tokens * per_token
+
+
+def engine_share(engine: Engine) -> EngineShare:
+    startup = engine.startup or {}
+    snapshot = (engine.metrics or {}).get("snapshot") or {}
+    kv_pool = snapshot.get("kv_cache_memory_bytes") or _gib_to_bytes(startup.get("kv_cache_gib")) \
+        or (engine.config or {}).get("kv_cache_memory_bytes")
+    graphs = startup.get("cuda_graph_gib")
+    # GB10's profiler can report negative graph memory (ENGINES.md §4): it holds none then.
+    cuda_graphs = None if graphs is None else max(_gib_to_bytes(graphs) or 0, 0)
+    actual_candidates = [v for v in (engine.gpu_memory_bytes, engine.memory_usage_bytes)
+                         if v is not None]
+    estimate = prefill_estimate(engine)
+    observed = engine.prefill_observed_bytes
+    need, source = None, None
+    if estimate is not None or observed is not None:
+        if observed is not None and (estimate is None or observed > estimate):
+            need, source = observed, "observed"
+        else:
+            need, source = estimate, "estimate"
+    return EngineShare(
+        engine_id=engine.pk,
+        name=engine.name,
+        weights=_gib_to_bytes(startup.get("weights_gib")),
+        kv_pool=kv_pool,
+        cuda_graphs=cuda_graphs,
+        actual=max(actual_candidates) if actual_candidates else None,
+        prefill_estimate=estimate,
+        prefill_observed=observed,
+        prefill_need=need,
+        prefill_need_source=source,
+    )
+
+
+def build_ledger(node: Node, now: datetime, figures: dict[str, int | None],
+                 engines: list[Engine], processes: list[ProcessGroup]) -> Ledger:
+    """Assemble the ledger; ``figures`` holds this collection's host numbers in bytes."""
+    return Ledger(
+        at=now.isoformat(),
+        mem_total=figures.get("mem_total") or node.mem_total_bytes,
+        mem_available=figures.get("mem_available"),
+        mem_available_min=figures.get("mem_available_min"),
+        page_cache_reclaimable=figures.get("page_cache_reclaimable"),
+        swap_used=figures.get("swap_used"),
+        engines=[engine_share(e) for e in engines],
+        processes=[{"name": p.name, "rss_bytes": p.rss_bytes, "count": p.count}
+                   for p in processes[:TOP_PROCESSES]],
+        others_total=sum(p.rss_bytes for p in processes) if processes else None,
+    )
+
+
+def change_threshold(mem_total: int | None) -> int:
+    """Smallest move worth a ledger row: a fraction of the node's memory (0.5 % ≈ 0.6 GiB on a
+    GB10), so that one rule fits both a GB10 and a small test machine."""
+    fraction = settings.SPARKOPS_LEDGER_CHANGE_FRACTION
+    return int((mem_total or 128 * GIB) * fraction)
+
+
+def _components(ledger: Ledger) -> dict[str, tuple[int | None, int | None, str]]:
+    """component key -> (bytes, engine id, label for people)."""
+    parts: dict[str, tuple[int | None, int | None, str]] = {
+        "page_cache": (ledger.page_cache_reclaimable, None, "page cache"),
+    }
+    for share in ledger.engines:
+        parts[f"engine:{share.engine_id}:kv_pool"] = (share.kv_pool, share.engine_id,
+                                                      f"{share.name}'s KV pool")
+        parts[f"engine:{share.engine_id}:non_kv"] = (share.non_kv, share.engine_id,
+                                                     f"{share.name}'s non-KV memory")
+    for process in ledger.processes:
+        parts[f"process:{process['name']}"] = (process["rss_bytes"], None,
+                                               f"process {process['name']}")
+    return parts
+
+
+def record_changes(node: Node, ledger: Ledger, now: datetime) -> list[LedgerChange]:
+    """Write a LedgerChange for each component that moved past the threshold since its last
+    recorded size, and keep the new sizes as the node's baseline. Unknown sizes are skipped."""
+    threshold = change_threshold(ledger.mem_total)
+    baseline = dict(node.ledger_baseline or {})
+    changes = []
+    for key, (size, engine_id, label) in _components(ledger).items():
+        if size is None:
+            continue
+        before = baseline.get(key)
+        if before is None:
+            baseline[key] = size
+            if key.endswith(":kv_pool") or key.endswith(":non_kv"):
+                # A new engine's pool appearing is itself a change: the room it took.
+                changes.append(LedgerChange(node=node, engine_id=engine_id, component=key,
+                                            label=label, at=now, before_bytes=0,
+                                            after_bytes=size))
+            continue
+        if abs(size - before) >= threshold:
+            changes.append(LedgerChange(node=node, engine_id=engine_id, component=key,
+                                        label=label, at=now, before_bytes=before,
+                                        after_bytes=size))
+            baseline[key] = size
+    LedgerChange.objects.bulk_create(changes)
+    node.ledger = ledger.as_dict()
+    node.ledger_baseline = baseline
+    node.save(update_fields=["ledger", "ledger_baseline"])
+    return changes
+
+
+def record_prefill_observation(engines: list[Engine], previous_available: int | None,
+                               window_last: int | None, window_min: int | None,
+                               now: datetime) -> Engine | None:
+    """Attribute this interval's transient dip to the one engine that prefilled in it.
+
+    Only the *transient* part counts: the dip below both the previous collection's MemAvailable
+    and this interval's last one, so a lasting drop (a neighbour restarting with a bigger pool)
+    is never mistaken for a prefill buffer. Nothing is attributed when several engines
+    prefilled. An engine's observed need only rises. Returns the engine updated, if any.
+    """
+    prefilling = [e for e in engines if ((e.rates or {}).get("prefill_tokens_per_s") or 0) > 0]
+    if len(prefilling) != 1 or None in (previous_available, window_last, window_min):
+        return None
+    engine = prefilling[0]
+    dip = min(previous_available, window_last) - window_min  # type: ignore[type-var,operator]
+    if dip <= 0 or (engine.prefill_observed_bytes or 0) >= dip:
+        return None
+    engine.prefill_observed_bytes = dip
+    engine.prefill_observed_at = now
+    engine.save(update_fields=["prefill_observed_bytes", "prefill_observed_at"])
+    return engine
+
+
+def update_ledger(node: Node, figures: dict[str, int | None], now: datetime) -> Ledger:
+    """After a collection: rebuild the node's ledger, record what changed, and learn prefill
+    needs from the interval's dip. Engine processes are left out of "everything else"."""
+    engines = list(Engine.objects.filter(node=node, present=True))
+    previous_available = (node.ledger or {}).get("mem_available")
+    container_ids = {e.container_id for e in engines if e.container_state == "running"}
+    engine_pids = engine_process_ids(container_ids)
+    ledger = build_ledger(node, now, figures, engines, memory_by_process_name(engine_pids))
+    record_prefill_observation(engines, previous_available, figures.get("mem_available"),
+                               figures.get("mem_available_min"), now)
+    record_changes(node, ledger, now)
+    return ledger
+
+
+def engine_process_ids(container_ids: set[str]) -> set[int]:
+    """PIDs that belong to the given containers (read from each process's cgroup)."""
+    if not container_ids:
+        return set()
+    return {pid for pid, cid in container_ids_for_pids(psutil.pids()).items()
+            if cid in container_ids}
