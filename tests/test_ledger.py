@@ -1,6 +1,6 @@
 """The memory ledger: engine shares, change rows (alert causes), learned prefill needs, the bar."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -19,7 +19,7 @@ from dashboard.ledger import ledger_bar
 
 GIB = 1024**3
 MIB = 1024**2
-T0 = datetime(2026, 11, 30, 14, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 30, 14, 0, tzinfo=UTC)
 
 
 def _engine(node, name, kv_gib, **extra):

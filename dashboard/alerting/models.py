@@ -1,1 +1,208 @@
-__all__: list[str] = []
+"""Alerts, their state changes, silences and admins' rule overrides.
+
+State changes are rows: an :class:`Alert` moving between pending, firing and resolved always
+writes an :class:`AlertEvent` in the same transaction (see ``dashboard.alerting.lifecycle``), so
+the timeline of an alert can be read back exactly as it happened.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from collectors.models import Engine, Node
+
+# Only the models: ``dashboard.models`` star-imports this module so Django finds them.
+__all__ = ["Alert", "AlertEvent", "RuleSetting", "Silence"]
+
+
+class AlertState(models.TextChoices):
+    PENDING = "pending"
+    FIRING = "firing"
+    RESOLVED = "resolved"
+
+
+# "Open" alerts are the ones the lifecycle still evaluates; at most one per scope.
+OPEN_STATES = (AlertState.PENDING, AlertState.FIRING)
+
+
+class ResolveReason(models.TextChoices):
+    CLEARED = "cleared", "value back past the clear edge"
+    NEVER_FIRED = "never fired", "cleared while pending, never fired"
+    NO_LONGER_APPLIES = "no longer applies", "no longer applies (scope gone)"
+    RULE_DISABLED = "rule disabled", "rule disabled"
+
+
+class Alert(models.Model):
+    """One episode of one rule's condition being active for one scope (rule, node, engine).
+
+    ``started_at`` is when the condition was first seen active; ``fired_at`` when the ``for``
+    duration had passed. ``value``/``threshold``/``summary``/``details`` are the latest evaluated
+    figures (refined on every evaluation while open, frozen once resolved). ``notify_count``
+    counts notices issued for it (firing, repeat, resolved): 0 means nobody was ever told, so its
+    resolution is silent too.
+    """
+
+    rule = models.CharField(max_length=64)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="alerts")
+    # SET_NULL: the history of an engine's alerts outlives the engine row (scope keeps its id).
+    engine = models.ForeignKey(Engine, null=True, blank=True, on_delete=models.SET_NULL,
+                               related_name="alerts")
+    scope = models.CharField(max_length=200)
+    state = models.CharField(max_length=16, choices=AlertState.choices,
+                             default=AlertState.PENDING)
+    severity = models.CharField(max_length=16)
+    summary = models.CharField(max_length=500)
+    details = models.JSONField(default=dict, blank=True)
+    value = models.FloatField(null=True, blank=True)
+    threshold = models.FloatField()
+    clear = models.FloatField(null=True, blank=True)
+    direction = models.CharField(max_length=8, blank=True)
+    started_at = models.DateTimeField()
+    fired_at = models.DateTimeField(null=True, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    last_evaluated_at = models.DateTimeField()
+    # "active" (past the threshold), "holding" (between threshold and clear edge), "unknown"
+    # (the rule could not compute a value; the state was kept as it was).
+    last_evaluation = models.CharField(max_length=16, blank=True)
+    last_notified_at = models.DateTimeField(null=True, blank=True)
+    notify_count = models.PositiveIntegerField(default=0)
+    resolve_reason = models.CharField(max_length=32, choices=ResolveReason.choices, blank=True)
+
+    class Meta:
+        constraints = [
+            # The last line against two evaluators opening the same alert twice. A partial unique
+            # index: supported by both SQLite and PostgreSQL.
+            models.UniqueConstraint(fields=["scope"], condition=Q(state__in=OPEN_STATES),
+                                    name="alert_one_open_per_scope"),
+        ]
+        indexes = [
+            # "open alerts of node N" (every evaluation) and the alerts page's per-node filter.
+            models.Index(fields=["node", "state"], name="alert_node_state"),
+        ]
+        ordering = ["-started_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.scope} ({self.state})"
+
+    @property
+    def is_open(self) -> bool:
+        return self.state in OPEN_STATES
+
+    @property
+    def cause(self) -> str:
+        """The rule's explanation of why, if it gave one (``details["cause"]``)."""
+        return str((self.details or {}).get("cause") or "")
+
+    @property
+    def figures(self) -> list[tuple[str, Any]]:
+        """The numbers in ``details`` other than the cause, sorted by name, for display."""
+        return sorted((k, v) for k, v in (self.details or {}).items() if k != "cause")
+
+
+class AlertEvent(models.Model):
+    """One row per state change of an alert, and per notice issued for it.
+
+    ``from_state`` is "" for the alert's creation. A row whose states are equal records a notice
+    without a state change (a repeat, or the firing notice held back by a silence). ``notice`` is
+    the notice kind issued with this change ("firing", "repeat", "resolved"), "" for none.
+    """
+
+    alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField()
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+    value = models.FloatField(null=True, blank=True)
+    notice = models.CharField(max_length=16, blank=True)
+    message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.alert_id}: {self.from_state or '-'} → {self.to_state} at {self.at}"
+
+
+class SilenceQuerySet(models.QuerySet["Silence"]):
+    def active(self, now: datetime) -> SilenceQuerySet:
+        """Silences in force at ``now``: started, not yet ended."""
+        return self.filter(starts_at__lte=now, ends_at__gt=now)
+
+    def for_node(self, node: Node | int) -> SilenceQuerySet:
+        """Silences that can match alerts of ``node`` (its own and those for any node)."""
+        return self.filter(Q(node__isnull=True) | Q(node=node))
+
+
+class Silence(models.Model):
+    """Mutes notices (not state changes) of matching alerts between ``starts_at`` and ``ends_at``.
+
+    Each of node, rule and engine narrows the match; empty means "any". Expired silences stay as
+    history; expiring one early sets ``ends_at`` to now.
+    """
+
+    # CASCADE, not SET_NULL: a silence for a deleted engine must not widen to "any engine".
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.CASCADE,
+                             related_name="silences")
+    rule = models.CharField(max_length=64, blank=True)
+    engine = models.ForeignKey(Engine, null=True, blank=True, on_delete=models.CASCADE,
+                               related_name="silences")
+    starts_at = models.DateTimeField()
+    ends_at = models.DateTimeField()
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    reason = models.TextField()
+    created_at = models.DateTimeField()
+    # Set when someone ended it before its planned end (``ends_at`` is then that moment).
+    expired_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    expired_early = models.BooleanField(default=False)
+
+    objects = SilenceQuerySet.as_manager()
+
+    class Meta:
+        indexes = [models.Index(fields=["ends_at"], name="silence_ends_at")]
+        ordering = ["-ends_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"silence #{self.pk} of {self.matcher_text}"
+
+    def is_active(self, now: datetime) -> bool:
+        return self.starts_at <= now < self.ends_at
+
+    def matches(self, rule: str, node_id: int, engine_id: int | None) -> bool:
+        """Whether this silence covers an alert of ``rule`` for that node and engine."""
+        return ((self.node_id is None or self.node_id == node_id)
+                and (not self.rule or self.rule == rule)
+                and (self.engine_id is None or self.engine_id == engine_id))
+
+    @property
+    def matcher_text(self) -> str:
+        """What it silences, for people: "rule X on node Y, engine Z" with "any" for blanks."""
+        node = self.node.name if self.node_id else "any node"
+        engine = self.engine.name if self.engine_id else "any engine"
+        rule = self.rule or "any rule"
+        return f"{rule} on {node}, {engine}"
+
+
+class RuleSetting(models.Model):
+    """An admin's overrides of one rule's defaults (see ``dashboard.alerting.settings``).
+
+    NULL timings and missing threshold keys mean "use the default", so a changed default in code
+    reaches every rule nobody tuned.
+    """
+
+    rule = models.CharField(max_length=64, unique=True)
+    enabled = models.BooleanField(default=True)
+    for_seconds = models.PositiveIntegerField(null=True, blank=True)
+    repeat_seconds = models.PositiveIntegerField(null=True, blank=True)
+    thresholds = models.JSONField(default=dict, blank=True)
+    updated_at = models.DateTimeField(null=True, blank=True)
+    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+
+    def __str__(self) -> str:
+        return f"settings of {self.rule}"

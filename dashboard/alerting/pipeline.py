@@ -1,4 +1,9 @@
-"""After a collection: evaluate the rules, move the alerts, queue their notifications."""
+"""After a collection: evaluate the rules, move the alerts, queue their notifications.
+
+The outbox rows are written inside the same transaction as the alert's state change
+(``on_notice``), so a crash between the two can neither lose a notification nor leave an alert
+that fired without one: delivery is at-least-once.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +17,13 @@ from dashboard.notify.payloads import build_alert_message
 
 
 def run_alerts(node: Node, now: datetime) -> list[Notice]:
-    """Evaluate every enabled rule for ``node``; queue one outbox row per notice and channel."""
+    """Evaluate every enabled rule for ``node``; one outbox row per notice and channel."""
     conditions, evaluated = evaluate_rules(node, now)
-    notices = evaluate(node, conditions, now, evaluated_rules=evaluated)
-    for notice in notices:
+
+    def queue(notice: Notice) -> None:
         payload, subject, text, html = build_alert_message(alert_as_dict(notice.alert),
                                                            notice.kind)
         enqueue(kind=notice.kind, payload=payload, subject=subject, text=text, html=html,
-                alert_id=notice.alert.pk, node=node)
-    return notices
+                alert_id=notice.alert.pk, node=node, now=now)
+
+    return evaluate(node, conditions, now, evaluated_rules=evaluated, on_notice=queue)

@@ -13,7 +13,15 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from collectors.models import Engine, EngineMetric, EngineSample, LedgerChange, Node
+from collectors.models import (
+    Engine,
+    EngineMetric,
+    EngineSample,
+    LedgerChange,
+    Metric,
+    Node,
+    Sample,
+)
 from dashboard.alerting.conditions import Condition
 from dashboard.alerting.settings import rule_settings
 
@@ -90,20 +98,39 @@ def headroom_floor(node: Node, ledger: dict, engines: list[Engine], t: dict[str,
                    now: datetime) -> list[Condition]:
     """MemAvailable below the floor: on GB10 running out wedges the host instead of an OOM."""
     total = ledger.get("mem_total") or node.mem_total_bytes
-    floor = t["floor_gib"]
-    if total:
-        floor = min(floor, _gib(total) * t["floor_fraction"])
+    floor = min(t["floor_gib"], t["floor_percent"] / 100 * _gib(total)) if total \
+        else t["floor_gib"]
     available = _gib(ledger.get("mem_available"))
     swap = _gib(ledger.get("swap_used"))
+    growth = _swap_growth_mib_per_min(node, ledger, now)
+    swapping = growth is not None and growth > t["swap_growth_mib_per_min"]
+    # Growing swap counts as below the floor whatever MemAvailable says: it is how running short
+    # shows before the host wedges.
+    value = floor - 0.001 if swapping else available
+    reason = (f"swap in use grows {growth:.0f} MiB/min" if swapping
+              else f"MemAvailable {_fmt(available)} is below the floor of {floor:.2f} GiB")
     return [Condition(
-        rule="headroom-floor", node_id=node.pk, engine_id=None, value=available,
+        rule="headroom-floor", node_id=node.pk, engine_id=None, value=value,
         threshold=floor, clear=floor + t["hysteresis_gib"], direction="below",
         severity="critical",
-        summary=(f"{node.name}: MemAvailable {_fmt(available)} is below the floor of "
-                 f"{floor:.2f} GiB (swap in use {_fmt(swap)}); the host may wedge"),
+        summary=f"{node.name}: {reason} (swap in use {_fmt(swap)}); the host may wedge",
         details={"mem_available_bytes": ledger.get("mem_available"), "floor_gib": floor,
-                 "swap_used_bytes": ledger.get("swap_used")},
+                 "swap_used_bytes": ledger.get("swap_used"),
+                 "swap_growth_mib_per_min": growth},
     )]
+
+
+def _swap_growth_mib_per_min(node: Node, ledger: dict, now: datetime) -> float | None:
+    """Swap-in-use growth over about the last minute, from the host samples."""
+    current = ledger.get("swap_used")
+    earlier = Sample.objects.filter(
+        node=node, metric=Metric.SWAP_USED, at__lte=now - timedelta(seconds=50),
+        at__gte=now - timedelta(minutes=5), value__isnull=False,
+    ).order_by("-at").values_list("at", "value").first()
+    if current is None or earlier is None:
+        return None
+    minutes = max((now - earlier[0]).total_seconds() / 60, 1 / 60)
+    return (current - earlier[1]) / (1024**2) / minutes
 
 
 def queue_backlog(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
@@ -151,15 +178,18 @@ def prefill_stall(node: Node, ledger: dict, engines: list[Engine], t: dict[str, 
         if engine.phase != "ready" or rates.get("restarted"):
             continue
         baseline = _decode_baseline(engine, now)
-        decode = rates.get("decode_tokens_per_s")
+        decode = _recent_decode_peak(engine, now, t["min_duration_seconds"])
         prefilling = (rates.get("prefill_tokens_per_s") or 0) > 0
         if baseline is None or decode is None:
             ratio = None
         else:
+            # The best decode rate of the last min_duration seconds: a stall is a collapse that
+            # lasted, not one slow scrape.
             ratio = decode / baseline if prefilling else 1.0
+        fraction = t["decode_collapse_fraction"]
         conditions.append(Condition(
             rule="prefill-stall", node_id=node.pk, engine_id=engine.pk, value=ratio,
-            threshold=t["collapse_fraction"], clear=min(1.0, t["collapse_fraction"] * 2),
+            threshold=fraction, clear=min(1.0, fraction * 2),
             direction="below", severity="warning",
             summary=(f"{engine.name}: decode fell to {decode or 0:.1f} tok/s (usually "
                      f"{baseline or 0:.1f}) while a prompt prefills; everyone on it stalls"),
@@ -167,6 +197,13 @@ def prefill_stall(node: Node, ledger: dict, engines: list[Engine], t: dict[str, 
                      "prefill_tps": rates.get("prefill_tokens_per_s")},
         ))
     return conditions
+
+
+def _recent_decode_peak(engine: Engine, now: datetime, seconds: float) -> float | None:
+    values = list(EngineSample.objects.filter(
+        engine=engine, metric=EngineMetric.DECODE_TPS, at__gte=now - timedelta(seconds=seconds),
+    ).values_list("value", flat=True))
+    return max(values) if values else None
 
 
 def _decode_baseline(engine: Engine, now: datetime) -> float | None:
@@ -263,5 +300,5 @@ def evaluate_rules(node: Node, now: datetime) -> tuple[list[Condition], set[str]
         if not setting.enabled:
             continue
         evaluated.add(name)
-        conditions += rule(node, ledger, engines, setting.thresholds, now)
+        conditions += rule(node, ledger, engines, dict(setting.thresholds), now)
     return conditions, evaluated

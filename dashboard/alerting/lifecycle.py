@@ -1,0 +1,348 @@
+"""The alert lifecycle: conditions in, alert state changes and notices out.
+
+Like Prometheus and Alertmanager, an alert for a scope (rule, node, engine) is
+
+* **pending** from the moment its condition crosses the threshold,
+* **firing** once the condition has stayed active for the rule's ``for_seconds`` (at once for 0),
+* **resolved** when the value comes back past the clear edge, when its scope is no longer
+  evaluated (an engine was removed) or when its rule is disabled.
+
+Between the threshold and the clear edge the alert keeps its state (hysteresis), so a value
+hovering at the threshold opens one alert and sends one firing notice, not a storm. A value of
+None (unknown) changes nothing: an alert neither fires nor resolves on missing data.
+
+Notices are returned, not sent: the caller turns each :class:`Notice` into outbox rows. Choices:
+
+* A silence mutes notices, not state: a silenced alert still goes pending → firing (the
+  AlertEvent says it was silenced) but no firing or repeat notice is issued. When the silence
+  ends and the alert is still firing, the next evaluation issues the firing notice that was
+  never sent (Alertmanager behaves the same: a muted alert is notified once unmuted).
+* A resolved notice is issued only for an alert whose firing was notified (``notify_count >
+  0``), and it is issued even while a silence matches: the receiver was told "firing" and must
+  not be left believing that for ever; a silence is meant to stop noise, and this ends it.
+* A pending alert in the hysteresis band counts towards ``for_seconds``: "active" means "not
+  yet back past the clear edge". An unknown value neither advances nor resets it.
+
+Delivery is at-least-once when the caller passes ``on_notice``: it is called inside the same
+transaction that records the alert's change, so an outbox row written there commits or rolls
+back with it. A caller that only uses the returned list has a window (after this module's commit,
+before its own) in which a crash loses a notice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from django.db import IntegrityError, transaction
+from django.urls import reverse
+
+from collectors.models import Node
+from dashboard.alerting.conditions import Condition
+from dashboard.alerting.models import (
+    OPEN_STATES,
+    Alert,
+    AlertEvent,
+    AlertState,
+    ResolveReason,
+    Silence,
+)
+from dashboard.alerting.settings import EffectiveSetting, UnknownRule, all_rule_settings
+
+NoticeKind = Literal["firing", "resolved", "repeat"]
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something to tell receivers about ``alert``; the caller turns it into outbox rows.
+
+    ``sequence`` is the alert's ``notify_count`` right after this notice (1 for the first firing
+    notice), so ``idempotency_key`` is stable across retries of the same notice and distinct for
+    each notice of an alert: receivers use it to drop duplicates of an at-least-once delivery.
+    """
+
+    alert: Alert
+    kind: NoticeKind
+    sequence: int
+
+    @property
+    def idempotency_key(self) -> str:
+        return f"sparkops-alert-{self.alert.pk}-{self.sequence}"
+
+
+NoticeSink = Callable[[Notice], None]
+
+
+def evaluate(
+    node: Node,
+    conditions: list[Condition],
+    now: datetime,
+    *,
+    evaluated_rules: set[str] | None = None,
+    on_notice: NoticeSink | None = None,
+) -> list[Notice]:
+    """Apply one evaluation round of ``node``'s rules to its alerts; return the notices due.
+
+    ``conditions`` are this round's evaluated conditions of ``node`` (at most one per scope).
+    ``evaluated_rules`` names the rules that ran this round: an open alert of one of those rules
+    whose scope has no condition now is resolved as "no longer applies". When None, it is the
+    set of rules among ``conditions`` (so a rule that ran and produced no condition at all cannot
+    resolve its alerts: pass it explicitly). Open alerts of disabled rules resolve as "rule
+    disabled" and conditions of disabled rules are ignored.
+
+    Each alert changes in its own transaction with its row locked, so two evaluators of the same
+    node cannot open the same alert twice (the unique constraint on open scopes is the last
+    line: a losing insert is retried against the winner's row). ``on_notice`` runs inside that
+    transaction (see the module docstring); if it raises, that alert's change is rolled back and
+    the exception propagates.
+
+    Cost: two queries up front, then a few per condition and per open alert.
+    Raises ValueError for a condition of another node or a repeated scope, and
+    :class:`~dashboard.alerting.settings.UnknownRule` for a rule not in the rule settings, before
+    changing anything.
+    """
+    settings = all_rule_settings()
+    _check_conditions(node, conditions, settings)
+    silences = list(Silence.objects.active(now).for_node(node))
+    round_ = _Round(node, now, silences, on_notice)
+    notices: list[Notice] = []
+    for condition in conditions:
+        setting = settings[condition.rule]
+        if setting.enabled:
+            notices.extend(round_.apply(condition, setting))
+    rules_run = evaluated_rules if evaluated_rules is not None \
+        else {condition.rule for condition in conditions}
+    notices.extend(round_.resolve_leftovers({c.scope for c in conditions}, rules_run, settings))
+    return notices
+
+
+def alert_as_dict(alert: Alert) -> dict[str, Any]:
+    """The alert as JSON-ready data for notification payloads and JSON endpoints.
+
+    Times are ISO 8601 strings (or None); ``url`` is the alert page's path, to be joined to the
+    public address by whoever sends it. Cost: up to two queries (node and engine names).
+    """
+    return {
+        "id": alert.pk,
+        "rule": alert.rule,
+        "scope": alert.scope,
+        "state": alert.state,
+        "severity": alert.severity,
+        "node": alert.node.name,
+        "engine": alert.engine.name if alert.engine_id else None,
+        "summary": alert.summary,
+        "details": alert.details,
+        "value": alert.value,
+        "threshold": alert.threshold,
+        "clear": alert.clear,
+        "started_at": _iso(alert.started_at),
+        "fired_at": _iso(alert.fired_at),
+        "resolved_at": _iso(alert.resolved_at),
+        "resolve_reason": alert.resolve_reason,
+        "notify_count": alert.notify_count,
+        "url": reverse("dashboard:alert", args=[alert.pk]),
+    }
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def _check_conditions(node: Node, conditions: Iterable[Condition],
+                      settings: dict[str, EffectiveSetting]) -> None:
+    seen: set[str] = set()
+    for condition in conditions:
+        if condition.node_id != node.pk:
+            raise ValueError(f"condition {condition.scope} is not for node {node.name}")
+        if condition.rule not in settings:
+            raise UnknownRule(condition.rule)
+        if condition.scope in seen:
+            raise ValueError(f"two conditions for scope {condition.scope} in one round")
+        seen.add(condition.scope)
+
+
+def _lock_open(scope: str) -> Alert | None:
+    """The open alert of ``scope``, row-locked until the transaction ends (None if none)."""
+    return Alert.objects.select_for_update().filter(scope=scope, state__in=OPEN_STATES).first()
+
+
+def _is_cleared(condition: Condition) -> bool:
+    # Crossing wins over clearing, so a rule whose clear edge is on the wrong side of its
+    # threshold keeps its alert open instead of opening and resolving it every round.
+    return bool(condition.back_past_clear()) and not condition.crosses_threshold()
+
+
+def _fmt(number: float | None) -> str:
+    return "unknown" if number is None else f"{number:g}"
+
+
+class _Round:
+    """One evaluation round of one node: the time, its silences and where notices go."""
+
+    def __init__(self, node: Node, now: datetime, silences: list[Silence],
+                 on_notice: NoticeSink | None) -> None:
+        self.node = node
+        self.now = now
+        self.silences = silences
+        self.on_notice = on_notice
+
+    # --- conditions -----------------------------------------------------------------------
+
+    def apply(self, condition: Condition, setting: EffectiveSetting) -> list[Notice]:
+        """Open, advance or resolve the alert of ``condition``'s scope; return its notice."""
+        for attempt in (1, 2):
+            try:
+                with transaction.atomic():
+                    alert = _lock_open(condition.scope)
+                    if alert is None:
+                        if not condition.crosses_threshold():
+                            return []
+                        alert = self._open(condition)
+                    notice = self._advance(alert, condition, setting)
+                    return [notice] if notice else []
+            except IntegrityError:
+                # Another evaluator opened this scope between our read and our insert. The
+                # unique index made our insert wait for its commit, so a second read finds
+                # its row and this condition is applied to it.
+                if attempt == 2:
+                    raise
+        return []
+
+    def _open(self, condition: Condition) -> Alert:
+        alert = Alert.objects.create(
+            rule=condition.rule, node=self.node, engine_id=condition.engine_id,
+            scope=condition.scope, state=AlertState.PENDING, severity=condition.severity,
+            summary=condition.summary[:500], details=condition.details, value=condition.value,
+            threshold=condition.threshold, clear=condition.clear, direction=condition.direction,
+            started_at=self.now, last_evaluated_at=self.now, last_evaluation="active",
+        )
+        relation = "<" if condition.direction == "below" else ">"
+        self._record(alert, "", f"condition active: value {_fmt(condition.value)} {relation} "
+                                f"threshold {_fmt(condition.threshold)}", None)
+        return alert
+
+    def _advance(self, alert: Alert, condition: Condition,
+                 setting: EffectiveSetting) -> Notice | None:
+        alert.last_evaluated_at = self.now
+        if condition.value is None:
+            alert.last_evaluation = "unknown"
+            alert.save(update_fields=["last_evaluated_at", "last_evaluation"])
+            return None
+        self._refresh(alert, condition)
+        if _is_cleared(condition):
+            return self._clear(alert, condition)
+        if alert.state == AlertState.PENDING:
+            if (self.now - alert.started_at).total_seconds() >= setting.for_seconds:
+                return self._fire(alert, setting)
+            alert.save()
+            return None
+        return self._remind(alert, setting)
+
+    @staticmethod
+    def _refresh(alert: Alert, condition: Condition) -> None:
+        # The rule may refine its cause and numbers while the alert is open.
+        alert.severity = condition.severity
+        alert.summary = condition.summary[:500]
+        alert.details = condition.details
+        alert.value = condition.value
+        alert.threshold = condition.threshold
+        alert.clear = condition.clear
+        alert.direction = condition.direction
+        alert.last_evaluation = "active" if condition.crosses_threshold() else "holding"
+
+    def _fire(self, alert: Alert, setting: EffectiveSetting) -> Notice | None:
+        alert.state = AlertState.FIRING
+        alert.fired_at = self.now
+        message = f"active for {setting.for_seconds} s or more: firing"
+        silence = self._silence_for(alert)
+        if silence is not None:
+            return self._record(alert, AlertState.PENDING,
+                                f"{message}; silenced by {silence}, no notice", None)
+        return self._record(alert, AlertState.PENDING, message, "firing")
+
+    def _remind(self, alert: Alert, setting: EffectiveSetting) -> Notice | None:
+        """A still-firing alert: the held-back firing notice once unsilenced, else a repeat."""
+        if self._silence_for(alert) is not None:
+            alert.save()
+            return None
+        if alert.notify_count == 0:
+            return self._record(alert, AlertState.FIRING,
+                                "no silence matches any more: firing notice issued now", "firing")
+        since = (self.now - alert.last_notified_at).total_seconds() \
+            if alert.last_notified_at else None
+        if since is not None and since >= setting.repeat_seconds:
+            return self._record(alert, AlertState.FIRING,
+                                f"still firing after {since:.0f} s: repeat notice", "repeat")
+        alert.save()
+        return None
+
+    def _clear(self, alert: Alert, condition: Condition) -> Notice | None:
+        reason = ResolveReason.CLEARED if alert.state == AlertState.FIRING \
+            else ResolveReason.NEVER_FIRED
+        return self._resolve(alert, reason, f"value {_fmt(condition.value)} back past the clear "
+                                            f"edge {_fmt(condition.clear)}")
+
+    # --- alerts without a condition this round ----------------------------------------------
+
+    def resolve_leftovers(self, scopes: set[str], rules_run: set[str],
+                          settings: dict[str, EffectiveSetting]) -> list[Notice]:
+        """Resolve open alerts of disabled rules, and of run rules whose scope has gone."""
+        notices: list[Notice] = []
+        open_alerts = Alert.objects.filter(node=self.node, state__in=OPEN_STATES) \
+            .values_list("pk", "rule", "scope")
+        for pk, rule, scope in list(open_alerts):
+            setting = settings.get(rule)
+            if setting is not None and not setting.enabled:
+                reason, message = ResolveReason.RULE_DISABLED, "the rule was disabled"
+            elif rule in rules_run and scope not in scopes:
+                reason, message = (ResolveReason.NO_LONGER_APPLIES,
+                                   "the rule ran without a condition for this scope "
+                                   "(e.g. the engine is gone)")
+            else:
+                continue
+            with transaction.atomic():
+                # Re-read under lock: another evaluator may have resolved it meanwhile.
+                alert = Alert.objects.select_for_update() \
+                    .filter(pk=pk, state__in=OPEN_STATES).first()
+                notice = self._resolve(alert, reason, message) if alert else None
+            if notice:
+                notices.append(notice)
+        return notices
+
+    # --- shared steps -------------------------------------------------------------------------
+
+    def _resolve(self, alert: Alert, reason: ResolveReason, message: str) -> Notice | None:
+        """Resolve ``alert``; a resolved notice only if receivers had been told it fired."""
+        from_state = alert.state
+        alert.state = AlertState.RESOLVED
+        alert.resolved_at = self.now
+        alert.resolve_reason = reason
+        alert.last_evaluated_at = self.now
+        notice_kind: NoticeKind | None = "resolved" if alert.notify_count > 0 else None
+        if notice_kind is None:
+            message = f"{message}; no notice (none was sent for it)"
+        return self._record(alert, from_state, f"resolved ({reason.value}): {message}", notice_kind)
+
+    def _silence_for(self, alert: Alert) -> Silence | None:
+        for silence in self.silences:
+            if silence.matches(alert.rule, alert.node_id, alert.engine_id):
+                return silence
+        return None
+
+    def _record(self, alert: Alert, from_state: str, message: str,
+                notice_kind: NoticeKind | None) -> Notice | None:
+        """Save ``alert``, write its AlertEvent and, with a notice, count and hand it over."""
+        notice = None
+        if notice_kind is not None:
+            alert.notify_count += 1
+            alert.last_notified_at = self.now
+            notice = Notice(alert, notice_kind, alert.notify_count)
+        alert.save()
+        AlertEvent.objects.create(alert=alert, at=self.now, from_state=from_state,
+                                  to_state=alert.state, value=alert.value,
+                                  notice=notice_kind or "", message=message)
+        if notice is not None and self.on_notice is not None:
+            self.on_notice(notice)
+        return notice

@@ -1,0 +1,160 @@
+"""The six alert rules over stored state, and the pipeline that turns them into notifications."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from collectors.ledger import build_ledger, record_changes
+from collectors.models import Engine, EngineMetric, EngineSample, Metric, Sample
+from dashboard.alerting import rules
+from dashboard.alerting.models import Alert
+from dashboard.alerting.pipeline import run_alerts
+from dashboard.alerting.settings import rule_settings
+from dashboard.notify.models import Channel, Notification
+
+GIB = 1024**3
+T0 = datetime(2026, 11, 30, 14, 0, tzinfo=UTC)
+
+
+def _engine(node, name, kv_gib, **extra):
+    values = dict(node=node, name=name, container_id=name * 8, container_state="running",
+                  phase="ready", startup={"weights_gib": 15.0, "kv_cache_gib": kv_gib,
+                                          "cuda_graph_gib": 0.5},
+                  config={"max_num_batched_tokens": 8192, "kv_cache_memory_bytes": 1})
+    values.update(extra)
+    return Engine.objects.create(**values)
+
+
+def _figures(available_gib, minimum_gib=None, swap=0):
+    return {"mem_total": int(121.69 * GIB), "mem_available": int(available_gib * GIB),
+            "mem_available_min": int((minimum_gib or available_gib) * GIB),
+            "page_cache_reclaimable": 2 * GIB, "swap_used": swap}
+
+
+def _thresholds(rule):
+    return dict(rule_settings(rule).thresholds)
+
+
+def _ledger(node, at, figures, engines):
+    record_changes(node, build_ledger(node, at, figures, engines, []), at)
+    node.refresh_from_db()
+    return node.ledger
+
+
+def test_prefill_squeeze_names_the_engine_at_risk_and_the_neighbour_that_grew(node):
+    a = _engine(node, "gemma", 8.0, prefill_bytes_per_token=4 * 131072)  # need 4 GiB
+    b = _engine(node, "nemotron", 8.0)
+    _ledger(node, T0, _figures(30), [a, b])
+    b.startup = {**b.startup, "kv_cache_gib": 24.0}
+    b.save()
+    at = T0 + timedelta(minutes=2)
+    ledger = _ledger(node, at, _figures(14, minimum_gib=5.5), [a, b])
+
+    conditions = rules.prefill_squeeze(node, ledger, [a, b], _thresholds("prefill-squeeze"), at)
+
+    at_risk = next(c for c in conditions if c.engine_id == a.pk)
+    assert at_risk.value == pytest.approx(5.5 - 2.0)  # interval minimum − margin
+    assert at_risk.threshold == pytest.approx(4.0)
+    assert at_risk.crosses_threshold() is True
+    cause = at_risk.details["causes"][0]
+    assert cause["label"] == "nemotron's KV pool"
+    assert (cause["before_bytes"], cause["after_bytes"]) == (8 * GIB, 24 * GIB)
+    assert "nemotron's KV pool went 8.00 → 24.00 GiB at 14:02:00 UTC" in at_risk.summary
+    assert at_risk.details["prefill_need_source"] == "estimate"
+
+
+def test_prefill_squeeze_is_unknown_without_a_need_and_skips_starting_engines(node):
+    unknown = _engine(node, "unknown-need", 8.0)
+    starting = _engine(node, "starting", 8.0, phase="loading", prefill_bytes_per_token=1)
+    ledger = _ledger(node, T0, _figures(30), [unknown, starting])
+
+    assert rules.prefill_squeeze(node, ledger, [unknown, starting],
+                                 _thresholds("prefill-squeeze"), T0) == []
+
+
+def test_headroom_floor_scales_on_small_machines_and_counts_growing_swap(node):
+    ledger = {"mem_total": 24 * GIB, "mem_available": int(1.2 * GIB), "swap_used": 0}
+    low = rules.headroom_floor(node, ledger, [], _thresholds("headroom-floor"), T0)[0]
+    assert low.threshold == pytest.approx(24 * 0.065)  # not 8 GiB on a 24 GiB machine
+    assert low.crosses_threshold()
+
+    Sample.objects.create(node=node, metric=Metric.SWAP_USED, at=T0 - timedelta(seconds=60),
+                          value=0)
+    swapping = {"mem_total": int(121.69 * GIB), "mem_available": 40 * GIB,
+                "swap_used": 512 * 1024**2}
+    cond = rules.headroom_floor(node, swapping, [], _thresholds("headroom-floor"), T0)[0]
+    assert cond.crosses_threshold() and "swap in use grows 512 MiB/min" in cond.summary
+
+
+def test_queue_backlog_measures_how_long_requests_have_waited(node):
+    engine = _engine(node, "gemma", 8.0, config={"max_num_seqs": 16})
+    EngineSample.objects.bulk_create([
+        EngineSample(engine=engine, metric=EngineMetric.REQUESTS_WAITING,
+                     at=T0 - timedelta(seconds=s), value=v)
+        for s, v in [(0, 4), (5, 4), (10, 3), (15, 2), (20, 1), (25, 0), (30, 0)]
+    ])
+
+    cond = rules.queue_backlog(node, {}, [engine], _thresholds("queue-backlog"), T0)[0]
+
+    assert cond.value == 20.0 and cond.crosses_threshold()
+
+
+def test_prefill_stall_compares_decode_with_its_recent_rate(node):
+    engine = _engine(node, "gemma", 8.0, rates={"prefill_tokens_per_s": 1800.0,
+                                                "decode_tokens_per_s": 1.0})
+    EngineSample.objects.bulk_create(
+        [EngineSample(engine=engine, metric=EngineMetric.DECODE_TPS,
+                      at=T0 - timedelta(seconds=60 + 5 * i), value=16.0) for i in range(10)]
+        + [EngineSample(engine=engine, metric=EngineMetric.DECODE_TPS,
+                        at=T0 - timedelta(seconds=s), value=1.0) for s in (0, 5)]
+    )
+
+    cond = rules.prefill_stall(node, {}, [engine], _thresholds("prefill-stall"), T0)[0]
+
+    assert cond.value == pytest.approx(1.0 / 16.0) and cond.crosses_threshold()
+
+
+@pytest.mark.parametrize(("fields", "reason"), [
+    ({"container_state": "exited", "exit_code": 137}, "container exited (exit code 137)"),
+    ({"phase": "failed", "startup": {"errors": [{"kind": "x", "message": "Free memory"}]}},
+     "startup failed: Free memory"),
+    ({"last_scrape_error": "connection refused"}, "/metrics: connection refused"),
+    ({"phase": "loading", "last_scrape_error": "connection refused"}, ""),
+])
+def test_engine_down_reasons(node, fields, reason):
+    engine = _engine(node, "gemma", 8.0, **fields)
+
+    cond = rules.engine_down(node, {}, [engine], {}, T0)[0]
+
+    assert cond.details["reason"] == reason
+    assert cond.crosses_threshold() is bool(reason)
+
+
+def test_overcommit_counts_pinned_pools_and_utilization_fractions(node):
+    pinned = _engine(node, "pinned", 60.0)
+    unpinned = _engine(node, "unpinned", None, config={"gpu_memory_utilization": 0.5},
+                       startup={})
+    ledger = _ledger(node, T0, _figures(30), [pinned, unpinned])
+
+    cond = rules.overcommit(node, ledger, [pinned, unpinned], _thresholds("overcommit"), T0)[0]
+
+    # 15 + 60 + 0.5 GiB pinned, plus 0.5 × 121.69 GiB unpinned = 136.3 GiB of 121.69
+    assert cond.value == pytest.approx(75.5 + 0.5 * 121.69 - 121.69, abs=0.01)
+    assert cond.crosses_threshold()
+
+
+def test_pipeline_queues_one_notification_per_channel_when_an_alert_fires(node):
+    Channel.objects.create(name="ops mail", kind="email", config={"to": ["ops@example.com"]})
+    engine = _engine(node, "gemma", 8.0, container_state="exited", exit_code=1)
+    node.ledger = {"mem_total": int(121.69 * GIB), "mem_available": 40 * GIB, "engines": []}
+    node.save()
+
+    run_alerts(node, T0)
+    run_alerts(node, T0 + timedelta(seconds=61))  # engine-down fires after its 60 s
+    run_alerts(node, T0 + timedelta(seconds=70))
+
+    alert = Alert.objects.get(rule="engine-down", engine=engine)
+    assert alert.state == "firing"
+    notifications = Notification.objects.filter(alert_id=alert.pk)
+    assert [(n.kind, n.channel.name) for n in notifications] == [("firing", "ops mail")]
+    assert "gemma" in notifications[0].subject
