@@ -7,12 +7,14 @@ start-up with a message naming the variable (see ``sparkops.env``).
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import secrets
 import socket
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from sparkops.env import env_bool, env_float, env_int, env_list, env_optional, env_str
 
@@ -182,6 +184,16 @@ DEFAULT_FROM_EMAIL = env_str("SPARKOPS_MAIL_FROM", "sparkops@localhost")
 # Webhook targets on private, loopback or link-local networks are refused unless listed here
 # (comma-separated CIDRs), e.g. "10.0.0.0/8" for an internal chat server.
 SPARKOPS_WEBHOOK_ALLOWED_NETWORKS = env_list("SPARKOPS_WEBHOOK_ALLOWED_NETWORKS", [])
+for _network in SPARKOPS_WEBHOOK_ALLOWED_NETWORKS:
+    try:
+        ipaddress.ip_network(_network, strict=False)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"SPARKOPS_WEBHOOK_ALLOWED_NETWORKS: {_network!r} is not a network (e.g. 10.0.0.0/8)"
+        ) from None
+# A notification claimed by a sender that has not finished after this long is taken over by
+# another (the first one died mid-send): longer than the slowest send (SMTP timeouts add up).
+SPARKOPS_NOTIFY_LEASE_SECONDS = env_float("SPARKOPS_NOTIFY_LEASE_SECONDS", 120, minimum=1)
 # Public address of this SparkOps, for links in notifications.
 SPARKOPS_PUBLIC_URL = env_str("SPARKOPS_PUBLIC_URL", "http://127.0.0.1:8470")
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import timedelta
 
 from celery import shared_task
+from django.conf import settings
 
 from dashboard.notify.outbox import DeliveryReport, deliver_due, worker_name
 
@@ -29,8 +31,9 @@ def deliver_notifications() -> dict[str, int]:
     started = time.monotonic()
     total = DeliveryReport()
     worker = f"celery:{worker_name()}"
+    lease = timedelta(seconds=settings.SPARKOPS_NOTIFY_LEASE_SECONDS)
     for _ in range(MAX_BATCHES):
-        report = deliver_due(worker=worker, limit=BATCH)
+        report = deliver_due(worker=worker, limit=BATCH, lease=lease)
         total.merge(report)
         if report.found < BATCH or time.monotonic() - started > TIME_BUDGET:
             break
