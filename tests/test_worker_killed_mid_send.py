@@ -84,9 +84,8 @@ def test_notification_survives_a_worker_killed_mid_send(tmp_path):
             if first.poll() is None:
                 os.killpg(first.pid, signal.SIGKILL)
 
-        with sqlite3.connect(data / "sparkops.sqlite3") as db:
-            row = db.execute("select delivered_at, claimed_at from dashboard_notification").fetchone()
-        assert row[0] is None and row[1] is not None  # claimed by the dead worker, not sent
+        delivered_at, claimed_at = _row(data, "delivered_at, claimed_at")
+        assert delivered_at is None and claimed_at is not None  # claimed by the dead one, unsent
 
         second = _worker(env, log)
         try:
@@ -104,6 +103,10 @@ def test_notification_survives_a_worker_killed_mid_send(tmp_path):
     assert json.loads(receiver.requests[1].body)["type"] == "alert.firing"
 
 
-def _delivered(data: Path) -> bool:
+def _row(data: Path, columns: str) -> tuple:
     with sqlite3.connect(data / "sparkops.sqlite3") as db:
-        return db.execute("select delivered_at from dashboard_notification").fetchone()[0] is not None
+        return db.execute(f"select {columns} from dashboard_notification").fetchone()
+
+
+def _delivered(data: Path) -> bool:
+    return _row(data, "delivered_at")[0] is not None
