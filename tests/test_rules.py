@@ -158,3 +158,25 @@ def test_pipeline_queues_one_notification_per_channel_when_an_alert_fires(node):
     notifications = Notification.objects.filter(alert_id=alert.pk)
     assert [(n.kind, n.channel.name) for n in notifications] == [("firing", "ops mail")]
     assert "gemma" in notifications[0].subject
+
+
+def test_a_prefill_stall_that_ends_is_an_event_with_its_duration(node):
+    from collectors.models import Event
+
+    engine = _engine(node, "gemma", 8.0, rates={"prefill_tokens_per_s": 1800.0})
+    node.ledger = {"mem_total": int(121.69 * GIB), "mem_available": 40 * GIB, "engines": []}
+    node.save()
+    for i in range(10):
+        EngineSample.objects.create(engine=engine, metric=EngineMetric.DECODE_TPS,
+                                    at=T0 - timedelta(minutes=5, seconds=5 * i), value=16.0)
+    EngineSample.objects.create(engine=engine, metric=EngineMetric.DECODE_TPS, at=T0, value=0.5)
+
+    run_alerts(node, T0)
+    EngineSample.objects.create(engine=engine, metric=EngineMetric.DECODE_TPS,
+                                at=T0 + timedelta(seconds=83), value=16.0)
+    run_alerts(node, T0 + timedelta(seconds=83))
+
+    alert = Alert.objects.get(rule="prefill-stall")
+    assert alert.state == "resolved"
+    event = Event.objects.get(kind="prefill-stall")
+    assert event.engine == engine and "stalled for 83 s" in event.message

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from collectors.models import Node
+from collectors.models import Event, Node
 from dashboard.alerting.lifecycle import Notice, alert_as_dict, evaluate
+from dashboard.alerting.models import Alert
 from dashboard.alerting.rules import evaluate_rules
 from dashboard.notify.outbox import enqueue
 from dashboard.notify.payloads import build_alert_message
@@ -26,4 +27,20 @@ def run_alerts(node: Node, now: datetime) -> list[Notice]:
         enqueue(kind=notice.kind, payload=payload, subject=subject, text=text, html=html,
                 alert_id=notice.alert.pk, node=node, now=now)
 
-    return evaluate(node, conditions, now, evaluated_rules=evaluated, on_notice=queue)
+    notices = evaluate(node, conditions, now, evaluated_rules=evaluated, on_notice=queue)
+    _record_stalls(node, now)
+    return notices
+
+
+def _record_stalls(node: Node, now: datetime) -> None:
+    """A prefill stall that ended becomes an event on the engine's timeline, with its length."""
+    ended = Alert.objects.filter(node=node, rule="prefill-stall", resolved_at=now,
+                                 engine__isnull=False).select_related("engine")
+    Event.objects.bulk_create([
+        Event(node=node, engine=alert.engine, at=alert.started_at, kind="prefill-stall",
+              severity="warning",
+              message=f"{alert.engine.name}: decode stalled for "
+                      f"{(alert.resolved_at - alert.started_at).total_seconds():.0f} s while a "
+                      f"long prompt prefilled")
+        for alert in ended
+    ])
