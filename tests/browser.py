@@ -41,4 +41,8 @@ def page(browser):
     context = browser.new_context()
     page = context.new_page()
     yield page
+    # Stop the page's polling and let the live server finish any request in flight before the
+    # test's database access is switched off behind it.
+    page.goto("about:blank")
+    page.wait_for_timeout(500)
     context.close()
