@@ -157,6 +157,15 @@ def _memory_usage(engine: docker.DockerClient, container_id: str) -> int | None:
     return int(usage) if usage is not None else None
 
 
+_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
+
+
+def masked_env(env: dict[str, str]) -> dict[str, str]:
+    """The environment with the values of secret-looking names hidden (HF_TOKEN, API keys)."""
+    return {name: ("••••••" if _SECRET_NAME.search(name) else value)
+            for name, value in env.items()}
+
+
 def parse_docker_time(value: str | None) -> datetime | None:
     """Docker's RFC 3339 times with nanoseconds; the zero time means "never"."""
     if not value or value.startswith("0001-01-01"):

@@ -23,6 +23,7 @@ from collectors.docker_api import (
     EngineContainer,
     container_logs,
     discover_engines,
+    masked_env,
     metrics_base_url,
 )
 from collectors.modelconfig import activation_bytes_per_token, read_model_config
@@ -190,6 +191,7 @@ def _update_engine(
     engine.exit_code = container.exit_code
     engine.command = container.command
     engine.labels = container.labels
+    engine.env = masked_env(container.env)
     engine.model_bytes_per_token = _model_bytes_per_token(container, config, proc_root) \
         or engine.model_bytes_per_token
     engine.config = config.as_dict() if config else {}

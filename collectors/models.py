@@ -117,6 +117,9 @@ class Rollup(models.Model):
         ]
 
 
+MANAGE_LABEL = "sparkops.manage"
+
+
 class Engine(models.Model):
     """An LLM engine container on a node, known by its container name.
 
@@ -140,6 +143,11 @@ class Engine(models.Model):
     startup = models.JSONField(default=dict)  # what the startup log told (collectors.vllm.logs)
     findings = models.JSONField(default=list)  # [{code, severity, message}]
     labels = models.JSONField(default=dict)  # container labels (sparkops.* settings live here)
+    # The container's environment, secrets masked (collectors.docker_api.masked_env).
+    env = models.JSONField(default=dict)
+    # SparkOps may stop and start this container: set by an admin, or by the container label
+    # ``sparkops.manage=true``. Nothing else is ever touched.
+    managed = models.BooleanField(default=False)
     metrics_url = models.CharField(max_length=512, blank=True)
     memory_usage_bytes = models.BigIntegerField(null=True, blank=True)  # cgroup: excludes GPU
     gpu_memory_bytes = models.BigIntegerField(null=True, blank=True)  # NVML per-process, if any
@@ -167,6 +175,11 @@ class Engine(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}/{self.name}"
+
+    @property
+    def manageable(self) -> bool:
+        """May SparkOps stop and start it? An admin's setting, or ``sparkops.manage=true``."""
+        return self.managed or (self.labels or {}).get(MANAGE_LABEL, "").lower() == "true"
 
 
 class EngineMetric(models.IntegerChoices):

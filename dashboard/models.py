@@ -2,3 +2,4 @@
 
 from dashboard.alerting.models import *  # noqa: F401,F403
 from dashboard.notify.models import *  # noqa: F401,F403
+from dashboard.restarts.models import *  # noqa: F401,F403,E402

@@ -3,6 +3,7 @@ from django.urls import path
 from dashboard import views
 from dashboard.alerting import urls as alerting_urls
 from dashboard.notify import urls as notify_urls
+from dashboard.restarts import urls as restart_urls
 
 app_name = "dashboard"
 
@@ -19,4 +20,4 @@ urlpatterns = [
 ]
 
 # Alerting and notification pages share this app's namespace ("dashboard:<name>").
-urlpatterns += alerting_urls.urlpatterns + notify_urls.urlpatterns
+urlpatterns += alerting_urls.urlpatterns + notify_urls.urlpatterns + restart_urls.urlpatterns

@@ -197,6 +197,31 @@ SPARKOPS_NOTIFY_LEASE_SECONDS = env_float("SPARKOPS_NOTIFY_LEASE_SECONDS", 120, 
 # Public address of this SparkOps, for links in notifications.
 SPARKOPS_PUBLIC_URL = env_str("SPARKOPS_PUBLIC_URL", "http://127.0.0.1:8470")
 
+# --- planned restarts ---------------------------------------------------------------------------
+# The privileged helper that drops the page cache. It takes no arguments; not running as root,
+# SparkOps calls it through `sudo -n` (README: "Dropping the page cache").
+SPARKOPS_DROP_CACHES_COMMAND = env_list(
+    "SPARKOPS_DROP_CACHES_COMMAND", [str(BASE_DIR / "bin" / "sparkops-drop-caches")]
+)
+# Dropping the page cache is costly for everything else on the node: at most once per cooldown.
+SPARKOPS_DROP_CACHES_COOLDOWN_SECONDS = env_float("SPARKOPS_DROP_CACHES_COOLDOWN_SECONDS", 300,
+                                                  minimum=0)
+# How long a restart waits for an engine's running requests to finish before stopping it.
+SPARKOPS_RESTART_DRAIN_TIMEOUT_SECONDS = env_float("SPARKOPS_RESTART_DRAIN_TIMEOUT_SECONDS", 120,
+                                                   minimum=0)
+# A planned restart that could not begin within this long after its time is cancelled, so a
+# request queued during an outage does not fire hours later.
+SPARKOPS_RESTART_START_GRACE_SECONDS = env_float("SPARKOPS_RESTART_START_GRACE_SECONDS", 300,
+                                                 minimum=1)
+# A running restart whose worker has not reported for this long is marked interrupted.
+SPARKOPS_RESTART_HEARTBEAT_STALE_SECONDS = env_float("SPARKOPS_RESTART_HEARTBEAT_STALE_SECONDS",
+                                                     120, minimum=5)
+# Startup deadline: the expected startup × this factor, and never less than the minimum (field
+# reports say 5–15 minutes; health checks need at least 15).
+SPARKOPS_RESTART_DEADLINE_FACTOR = env_float("SPARKOPS_RESTART_DEADLINE_FACTOR", 1.5, minimum=1)
+SPARKOPS_RESTART_MIN_DEADLINE_SECONDS = env_float("SPARKOPS_RESTART_MIN_DEADLINE_SECONDS", 900,
+                                                  minimum=1)
+
 # --- Celery -------------------------------------------------------------------------------------
 # The embedded default is kombu's file-system transport: beat and workers on one machine exchange
 # messages through a directory, no server needed. Set CELERY_BROKER_URL=redis://... for a fleet.

@@ -1,0 +1,1 @@
+"""Planned restarts: windows, plans, the runbook that carries them out, and the restart ledger."""
