@@ -167,6 +167,10 @@ def _update_engine(
     elif not engine.present:
         events.append(_event(engine, now, "engine-discovered", "info",
                              f"Engine {container.name} is back."))
+    elif engine.container_state == "running" and not container.running:
+        events.append(_event(engine, now, "engine-exited", "warning",
+                             f"Engine {container.name} stopped: container {container.state}, "
+                             f"exit code {container.exit_code}."))
 
     startup = _read_startup(api, engine, container, restarted or created, now)
     known_startup = startup or (StartupLog.from_dict(engine.startup) if engine.startup else None)

@@ -15,10 +15,12 @@ from dashboard.alerting.models import Alert
 from dashboard.alerting.rules import evaluate_rules
 from dashboard.notify.outbox import enqueue
 from dashboard.notify.payloads import build_alert_message
+from dashboard.restarts.unplanned import record_unplanned_restarts
 
 
 def run_alerts(node: Node, now: datetime) -> list[Notice]:
     """Evaluate every enabled rule for ``node``; one outbox row per notice and channel."""
+    record_unplanned_restarts(node, now)
     conditions, evaluated = evaluate_rules(node, now)
 
     def queue(notice: Notice) -> None:

@@ -216,10 +216,15 @@ def _decode_baseline(engine: Engine, now: datetime) -> float | None:
 
 def engine_down(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
                 now: datetime) -> list[Condition]:
-    """An engine that stopped, failed, or stopped answering /metrics (not while starting)."""
+    """An engine that stopped, failed, or stopped answering /metrics (not while starting).
+
+    During a planned restart the engine is down on purpose: held until the restart's deadline,
+    after which a still-down engine alerts as usual.
+    """
+    in_restart = _planned_restarts_in_progress(node, now)
     conditions = []
     for engine in engines:
-        reason = _down_reason(engine)
+        reason = "" if engine.pk in in_restart else _down_reason(engine)
         conditions.append(Condition(
             rule="engine-down", node_id=node.pk, engine_id=engine.pk,
             value=1.0 if reason else 0.0, threshold=0.5, clear=0.5, direction="above",
@@ -229,6 +234,13 @@ def engine_down(node: Node, ledger: dict, engines: list[Engine], t: dict[str, An
                      "container_state": engine.container_state},
         ))
     return conditions
+
+
+def _planned_restarts_in_progress(node: Node, now: datetime) -> set[int]:
+    from dashboard.restarts.models import Restart
+
+    running = Restart.objects.filter(node=node, kind="planned", status="running")
+    return {r.engine_id for r in running if r.deadline is None or r.deadline > now}
 
 
 def _down_reason(engine: Engine) -> str:
@@ -279,6 +291,49 @@ def overcommit(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any
     )]
 
 
+def unplanned_restart(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
+                      now: datetime) -> list[Condition]:
+    """An engine restarted behind SparkOps' back recently (one condition per engine)."""
+    return _recent_restarts(node, now, t["recent_minutes"], "unplanned-restart",
+                            {"kind": "unplanned"}, "critical")
+
+
+def restart_failed(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
+                   now: datetime) -> list[Condition]:
+    """A planned restart that failed, was interrupted, or was aborted leaving the engine down."""
+    return _recent_restarts(node, now, t["recent_minutes"], "restart-failed",
+                            {"kind": "planned",
+                             "status__in": ["failed", "interrupted", "aborted"]}, "critical")
+
+
+def _recent_restarts(node: Node, now: datetime, minutes: float, rule: str,
+                     match: dict[str, Any], severity: str) -> list[Condition]:
+    from dashboard.restarts.models import Restart
+
+    since = now - timedelta(minutes=minutes)
+    latest: dict[int, Restart] = {}
+    for restart in Restart.objects.filter(node=node, **match).select_related("engine") \
+            .order_by("requested_at"):
+        latest[restart.engine_id] = restart
+    conditions = []
+    for engine_id, restart in latest.items():
+        at = restart.finished_at or restart.requested_at
+        if rule == "restart-failed" and restart.status == "aborted" \
+                and (restart.container_state or {}).get("running", True):
+            continue  # aborted before touching it: the engine still serves
+        recent = at >= since
+        conditions.append(Condition(
+            rule=rule, node_id=node.pk, engine_id=engine_id, value=1.0 if recent else 0.0,
+            threshold=0.5, clear=0.5, direction="above", severity=severity,
+            summary=f"{restart.engine.name}: {restart.kind} restart {restart.status} at "
+                    f"{at:%Y-%m-%d %H:%M:%S} UTC: {restart.outcome or restart.reason}",
+            details={"restart_id": restart.pk, "status": restart.status,
+                     "container_state": restart.container_state,
+                     "outcome": restart.outcome},
+        ))
+    return conditions
+
+
 RULES: dict[str, Rule] = {
     "prefill-squeeze": prefill_squeeze,
     "headroom-floor": headroom_floor,
@@ -286,6 +341,8 @@ RULES: dict[str, Rule] = {
     "prefill-stall": prefill_stall,
     "engine-down": engine_down,
     "overcommit": overcommit,
+    "unplanned-restart": unplanned_restart,
+    "restart-failed": restart_failed,
 }
 
 

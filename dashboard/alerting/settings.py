@@ -229,6 +229,37 @@ RULES: dict[str, RuleDefaults] = {
                               "below the limit.", maximum=1024.0),
             ),
         ),
+        RuleDefaults(
+            rule="unplanned-restart",
+            title="Unplanned restart",
+            description=(
+                "An engine's container restarted, stopped or vanished without a planned restart "
+                "(StartedAt changed, it exited, the OOM killer hit it, or it is gone). Every "
+                "restart costs about ten minutes of startup on a GB10."
+            ),
+            for_seconds=0,
+            repeat_seconds=24 * 3600,
+            thresholds=(
+                ThresholdSpec("recent_minutes", "Remember for", 30.0, "min",
+                              "How long after an unplanned restart the alert stays open.",
+                              minimum=1.0, maximum=1440.0),
+            ),
+        ),
+        RuleDefaults(
+            rule="restart-failed",
+            title="Restart failed",
+            description=(
+                "A planned restart failed, was aborted with the engine left stopped, or was "
+                "interrupted (the worker died mid-runbook): the engine may be down."
+            ),
+            for_seconds=0,
+            repeat_seconds=4 * 3600,
+            thresholds=(
+                ThresholdSpec("recent_minutes", "Remember for", 60.0, "min",
+                              "How long after the restart ended the alert stays open.",
+                              minimum=1.0, maximum=1440.0),
+            ),
+        ),
     )
 }
 
