@@ -54,6 +54,9 @@ class EngineContainer:
     # container port ("8000/tcp") -> host port published for it
     published_ports: dict[str, int] = field(default_factory=dict)
     memory_usage_bytes: int | None = None
+    # The kernel's OOM killer ended it. On GB10 running out usually wedges the host instead, so
+    # False proves little; True is worth saying.
+    oom_killed: bool = False
 
     @property
     def running(self) -> bool:
@@ -133,6 +136,7 @@ def _engine_container(engine: docker.DockerClient, attrs: dict) -> EngineContain
         network_mode=host_config.get("NetworkMode") or "",
         published_ports=_published_ports(attrs),
         memory_usage_bytes=_memory_usage(engine, attrs["Id"]) if running else None,
+        oom_killed=bool(state.get("OOMKilled")),
     )
 
 
@@ -190,3 +194,103 @@ def metrics_base_url(container: EngineContainer, port: int) -> str | None:
         return f"http://127.0.0.1:{port}"
     published = container.published_ports.get(f"{port}/tcp")
     return f"http://127.0.0.1:{published}" if published else None
+
+
+# --- the verbs a planned restart uses ------------------------------------------------------------
+# SparkOps stops and starts engine containers, and nothing else: no create, exec, kill or remove.
+# These functions do not know which containers may be touched; the runbook checks the engine's
+# ``manageable`` flag (and audits) before it calls them.
+
+STOP_TIMEOUT_SECONDS = 30
+
+
+@dataclass(frozen=True)
+class ContainerStatus:
+    """A container's state as the engine reports it now. A container that no longer exists is
+    ``exists=False`` (state "gone"), not an error."""
+
+    state: str
+    running: bool
+    started_at: datetime | None
+    exit_code: int | None
+    oom_killed: bool
+    pid: int | None
+    exists: bool = True
+    finished_at: datetime | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        """JSON-ready, times as ISO 8601 (what a restart records as ``container_state``)."""
+        return {
+            "state": self.state,
+            "running": self.running,
+            "exists": self.exists,
+            "started_at": self.started_at.isoformat() if self.started_at else None,
+            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+            "exit_code": self.exit_code,
+            "oom_killed": self.oom_killed,
+            "pid": self.pid,
+        }
+
+
+GONE = ContainerStatus(state="gone", running=False, started_at=None, exit_code=None,
+                       oom_killed=False, pid=None, exists=False)
+
+
+def container_status(engine: docker.DockerClient, container_id: str) -> ContainerStatus:
+    """Inspect one container. Raises :class:`ContainerEngineError` when the engine cannot say."""
+    try:
+        attrs = engine.api.inspect_container(container_id)
+    except docker.errors.NotFound:
+        return GONE
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        raise ContainerEngineError(f"cannot inspect {container_id[:12]}: {error}") from None
+    state = attrs.get("State") or {}
+    running = state.get("Status") == "running"
+    return ContainerStatus(
+        state=state.get("Status") or "unknown",
+        running=running,
+        started_at=parse_docker_time(state.get("StartedAt")),
+        exit_code=None if running else state.get("ExitCode"),
+        oom_killed=bool(state.get("OOMKilled")),
+        pid=state.get("Pid") or None,
+        finished_at=None if running else parse_docker_time(state.get("FinishedAt")),
+    )
+
+
+def stop_container(engine: docker.DockerClient, container_id: str,
+                   timeout_seconds: int = STOP_TIMEOUT_SECONDS) -> None:
+    """Stop a container: SIGTERM, then SIGKILL after ``timeout_seconds`` (the engine's own grace).
+
+    Stopping a stopped container succeeds. Blocks up to ``timeout_seconds`` plus the API timeout;
+    raises :class:`ContainerEngineError` with the reason (also when the container is gone).
+    """
+    try:
+        engine.api.stop(container_id, timeout=timeout_seconds)
+    except docker.errors.NotFound:
+        raise ContainerEngineError(f"cannot stop {container_id[:12]}: no such container") from None
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        raise ContainerEngineError(f"cannot stop {container_id[:12]}: {error}") from None
+
+
+def start_container(engine: docker.DockerClient, container_id: str) -> None:
+    """Start an existing, stopped container (never creates one). Starting a running container
+    succeeds. Raises :class:`ContainerEngineError` with the reason."""
+    try:
+        engine.api.start(container_id)
+    except docker.errors.NotFound:
+        raise ContainerEngineError(f"cannot start {container_id[:12]}: no such container") from None
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        raise ContainerEngineError(f"cannot start {container_id[:12]}: {error}") from None
+
+
+def container_logs_since(engine: docker.DockerClient, container_id: str, since: datetime,
+                         tail: int = 20_000) -> str:
+    """The container's output written at or after ``since`` (e.g. its latest start), so that
+    lines of an earlier run are not mistaken for the current one. Raises
+    :class:`ContainerEngineError` with the reason."""
+    try:
+        raw = engine.api.logs(container_id, stdout=True, stderr=True, tail=tail,
+                              since=since.timestamp())
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        raise ContainerEngineError(f"cannot read logs of {container_id[:12]}: {error}") from None
+    return raw.decode("utf-8", errors="replace")

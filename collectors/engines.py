@@ -170,7 +170,8 @@ def _update_engine(
     elif engine.container_state == "running" and not container.running:
         events.append(_event(engine, now, "engine-exited", "warning",
                              f"Engine {container.name} stopped: container {container.state}, "
-                             f"exit code {container.exit_code}."))
+                             f"exit code {container.exit_code}"
+                             f"{' (killed by the OOM killer)' if container.oom_killed else ''}."))
 
     startup = _read_startup(api, engine, container, restarted or created, now)
     known_startup = startup or (StartupLog.from_dict(engine.startup) if engine.startup else None)

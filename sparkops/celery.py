@@ -46,6 +46,16 @@ def beat_schedule(nodes: list[str], collect_interval: float) -> dict[str, dict]:
         "schedule": 5.0,
         "options": {"queue": "sparkops", "expires": 5.0},
     }
+    schedule["dispatch-due-restarts"] = {
+        "task": "dashboard.restarts.tasks.dispatch_due_restarts",
+        "schedule": 5.0,
+        "options": {"queue": "sparkops", "expires": 5.0},
+    }
+    schedule["recover-interrupted-restarts"] = {
+        "task": "dashboard.restarts.tasks.recover_interrupted_restarts",
+        "schedule": 30.0,
+        "options": {"queue": "sparkops", "expires": 30.0},
+    }
     schedule["rollup-samples"] = {
         "task": "collectors.tasks.rollup_samples",
         "schedule": 60.0,

@@ -104,6 +104,10 @@ class Restart(models.Model):
             # Two engines never start at the same time on a node.
             models.UniqueConstraint(fields=["node"], condition=Q(status="running"),
                                     name="restart_one_running_per_node"),
+            # One open plan per engine (planning checks it first, under a lock).
+            models.UniqueConstraint(fields=["engine"],
+                                    condition=Q(status__in=["scheduled", "running"]),
+                                    name="restart_one_open_per_engine"),
         ]
         indexes = [models.Index(fields=["node", "status"], name="restart_node_status"),
                    models.Index(fields=["engine", "status"], name="restart_engine_status")]

@@ -29,8 +29,9 @@ def stack_commands(*, bind: str, workers: int, node: str) -> dict[str, list[str]
         "worker": [
             python, "-m", "celery", "-A", "sparkops", "worker", "--loglevel", "INFO",
             "--queues", f"{node_queue(node)},sparkops", "--hostname", f"{node}@%h",
-            # Collections block for one interval each; two processes leave room for the rest.
-            "--concurrency", "2", "--without-mingle", "--without-gossip",
+            # A host collection holds a process for its whole interval and a planned restart
+            # for its whole runbook (~10 min); four leave room for scrapes, alerts and mail.
+            "--concurrency", "4", "--without-mingle", "--without-gossip",
         ],
         "beat": [
             python, "-m", "celery", "-A", "sparkops", "beat", "--loglevel", "INFO",

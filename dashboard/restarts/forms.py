@@ -1,0 +1,214 @@
+"""Forms of the restart pages: a restart window, and a plan.
+
+Both validate with the domain functions (``windows.build_recurrence`` / ``windows.check_window``;
+``planning.plan_restart`` has the last word on a plan), so the page and the code agree on what is
+acceptable, and an invalid submission saves nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from zoneinfo import available_timezones
+
+from django import forms
+from django.contrib.auth.models import AbstractBaseUser
+from django.utils import timezone
+
+from collectors.models import Engine, Node
+from dashboard.restarts.models import RestartWindow
+from dashboard.restarts.windows import (
+    MAX_DURATION_MINUTES,
+    build_recurrence,
+    check_window,
+    current_or_next,
+    resolve_zone,
+    split_recurrence,
+)
+
+DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
+INPUT_FORMATS = [DATETIME_LOCAL, "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M"]
+NOW = "now"
+# Room for a ~10-minute start (or two, serialised) with margin.
+DEFAULT_DURATION_MINUTES = 120
+WINDOW_PREFIX = "window:"
+
+
+class WallClockField(forms.DateTimeField):
+    """A date and time exactly as typed, in no zone: the window names its own zone.
+
+    Django's DateTimeField would read the input in the site's zone (and reject a wall-clock time
+    that does not exist there); a window's start belongs to the zone picked beside it.
+    """
+
+    def to_python(self, value: Any) -> datetime | None:
+        if value in self.empty_values:
+            return None
+        if isinstance(value, datetime):
+            return value.replace(tzinfo=None)
+        # BaseTemporalField.to_python: strptime over input_formats, no zone conversion.
+        return super(forms.DateTimeField, self).to_python(value)
+
+
+class EngineChoiceField(forms.ModelChoiceField):
+    def label_from_instance(self, obj: Engine) -> str:
+        return f"{obj.node.name} / {obj.name}"
+
+
+class RestartWindowForm(forms.ModelForm):
+    """A window: who it applies to, when it first opens (local time in its zone), its RRULE line
+    and how long each opening lasts."""
+
+    local_start = WallClockField(
+        label="First opening (local time)", input_formats=INPUT_FORMATS,
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format=DATETIME_LOCAL),
+        help_text="Wall-clock time in the zone below; later openings keep this local time "
+                  "across daylight-saving changes.",
+    )
+    time_zone = forms.CharField(
+        label="Time zone", max_length=64,
+        widget=forms.TextInput(attrs={"list": "time-zones", "autocomplete": "off"}),
+        help_text="IANA name, e.g. Asia/Seoul or Europe/Berlin.",
+    )
+    rrule = forms.CharField(
+        label="Repeats (RRULE)", max_length=500,
+        help_text="RFC 5545 rule, e.g. FREQ=WEEKLY;BYDAY=SU (every Sunday) or "
+                  "FREQ=MONTHLY;BYDAY=1SA (first Saturday of the month).",
+    )
+    duration_minutes = forms.IntegerField(
+        label="Lasts (minutes)", min_value=1, max_value=MAX_DURATION_MINUTES,
+        help_text="Elapsed time of each opening; an engine takes about 10 minutes to start.",
+    )
+    engine = EngineChoiceField(Engine.objects.select_related("node"), required=False,
+                               empty_label="every engine of the node")
+
+    field_order = ["name", "node", "engine", "local_start", "time_zone", "rrule",
+                   "duration_minutes", "enabled"]
+
+    class Meta:
+        model = RestartWindow
+        fields = ["name", "node", "engine", "enabled", "duration_minutes"]
+
+    def __init__(self, *args: Any, now: datetime, **kwargs: Any) -> None:
+        instance: RestartWindow | None = kwargs.get("instance")
+        if instance is not None and instance.pk:
+            defaults = _window_initial(instance)
+        else:
+            defaults = {"time_zone": timezone.get_default_timezone_name(),
+                        "duration_minutes": DEFAULT_DURATION_MINUTES, "enabled": True}
+        kwargs["initial"] = {**defaults, **(kwargs.get("initial") or {})}
+        super().__init__(*args, **kwargs)
+        self.now = now
+        self.fields["node"].queryset = Node.objects.all()
+
+    @staticmethod
+    def zone_names() -> list[str]:
+        return sorted(available_timezones())
+
+    def clean_time_zone(self) -> str:
+        try:
+            return resolve_zone(self.cleaned_data["time_zone"]).key
+        except ValueError as error:
+            raise forms.ValidationError(str(error)) from None
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        node, engine = cleaned.get("node"), cleaned.get("engine")
+        if node is not None and engine is not None and engine.node_id != node.pk:
+            self.add_error("engine", f"Engine {engine.name} is not on node {node.name}.")
+        needed = ("local_start", "time_zone", "rrule", "duration_minutes")
+        if any(cleaned.get(name) is None for name in needed):
+            return cleaned  # a field error is already shown
+        try:
+            recurrence = build_recurrence(cleaned["local_start"], cleaned["time_zone"],
+                                          cleaned["rrule"])
+            check_window(recurrence, cleaned["duration_minutes"], self.now)
+        except ValueError as error:
+            self.add_error("rrule", str(error))
+            return cleaned
+        cleaned["recurrence"] = recurrence
+        return cleaned
+
+    def save_window(self, user: AbstractBaseUser | None) -> RestartWindow:
+        """Save the window with its built recurrence; ``user`` is recorded on creation."""
+        window: RestartWindow = super().save(commit=False)
+        window.recurrence = self.cleaned_data["recurrence"]
+        window.time_zone = self.cleaned_data["time_zone"]
+        if window.pk is None:
+            window.created_by = user if getattr(user, "is_authenticated", False) else None
+            window.created_at = self.now
+        window.save()
+        return window
+
+
+class PlanForm(forms.Form):
+    """A plan on one node: which manageable engine, in which window (or now), and why."""
+
+    engine = EngineChoiceField(Engine.objects.none(), empty_label=None)
+    when = forms.ChoiceField(label="When")
+    start_at = forms.DateTimeField(
+        label="Not before (optional)", required=False, input_formats=INPUT_FORMATS,
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format=DATETIME_LOCAL),
+        help_text=f"In {timezone.get_default_timezone_name()}; a time inside the chosen window. "
+                  "Empty: the window's next opening.",
+    )
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), max_length=2000,
+                             help_text="Why this engine goes down (kept in the ledger).")
+
+    def __init__(self, *args: Any, node: Node, now: datetime, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.node = node
+        self.engines = plannable_engines(node)
+        self.windows = list(RestartWindow.objects.filter(node=node, enabled=True)
+                            .select_related("engine"))
+        # Validate against every engine of the node but offer only the plannable ones: a crafted
+        # POST naming an unmanaged engine then reaches plan_restart, which refuses and audits it.
+        engine_field = self.fields["engine"]
+        engine_field.queryset = Engine.objects.filter(node=node).select_related("node")
+        engine_field.widget.choices = [(engine.pk, engine_field.label_from_instance(engine))
+                                       for engine in self.engines]
+        self.fields["when"].choices = [(NOW, "now")] + [
+            (f"{WINDOW_PREFIX}{window.pk}", _window_label(window, now))
+            for window in self.windows
+        ]
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        when = cleaned.get("when")
+        cleaned["window"] = None
+        if when and when.startswith(WINDOW_PREFIX):
+            window_id = when.removeprefix(WINDOW_PREFIX)
+            cleaned["window"] = next(w for w in self.windows if str(w.pk) == window_id)
+        elif cleaned.get("start_at") is not None:
+            self.add_error("start_at", "A start time needs a window; \"now\" starts now.")
+        return cleaned
+
+
+def plannable_engines(node: Node) -> list[Engine]:
+    """Engines of ``node`` a plan may name: present, and enabled for management."""
+    present = Engine.objects.filter(node=node, present=True).select_related("node")
+    return [engine for engine in present if engine.manageable]
+
+
+def _window_initial(window: RestartWindow) -> dict[str, Any]:
+    try:
+        local_start, zone, rule = split_recurrence(window.recurrence)
+    except ValueError:
+        return {"time_zone": window.time_zone}
+    return {"local_start": local_start, "time_zone": zone, "rrule": rule}
+
+
+def _window_label(window: RestartWindow, now: datetime) -> str:
+    scope = f" (only {window.engine.name})" if window.engine_id else ""
+    try:
+        found = current_or_next(window, now)
+    except ValueError as error:
+        return f"window {window.name}{scope}: unreadable ({error})"
+    if found is None:
+        return f"window {window.name}{scope}: no further opening"
+    zone = resolve_zone(window.time_zone)
+    start, end = found.start.astimezone(zone), found.end.astimezone(zone)
+    if found.contains(now):
+        return f"window {window.name}{scope}: open now until {end:%H:%M} {window.time_zone}"
+    return (f"window {window.name}{scope}: next {start:%a %Y-%m-%d %H:%M}–{end:%H:%M} "
+            f"{window.time_zone}")
