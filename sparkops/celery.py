@@ -21,51 +21,38 @@ def node_queue(node_name: str) -> str:
     return f"node.{node_name}"
 
 
-def beat_schedule(nodes: list[str], collect_interval: float) -> dict[str, dict]:
-    """One collection entry per node on that node's queue, plus the central housekeeping.
+def _entry(task: str, every: float, queue: str, args: tuple = ()) -> dict:
+    # Each entry expires after about one period: if workers fall behind, stale runs are dropped
+    # instead of piling up and running back to back.
+    return {"task": task, "schedule": every, "args": args,
+            "options": {"queue": queue, "expires": every}}
 
-    Each entry expires after about one interval: if workers fall behind, stale collections are
-    dropped instead of piling up and running back to back.
-    """
-    schedule: dict[str, dict] = {}
-    for name in nodes:
-        schedule[f"collect-host-memory:{name}"] = {
-            "task": "collectors.tasks.collect_host_memory",
-            "schedule": collect_interval,
-            "args": (name,),
-            "options": {"queue": node_queue(name), "expires": collect_interval},
-        }
-        schedule[f"collect-engines:{name}"] = {
-            "task": "collectors.tasks.collect_engines",
-            "schedule": collect_interval,
-            "args": (name,),
-            "options": {"queue": node_queue(name), "expires": collect_interval},
-        }
-    schedule["deliver-notifications"] = {
-        "task": "dashboard.notify.tasks.deliver_notifications",
-        "schedule": 5.0,
-        "options": {"queue": "sparkops", "expires": 5.0},
+
+# Fleet-wide housekeeping on the central queue: (name, task, period in seconds).
+CENTRAL_SCHEDULE = [
+    ("deliver-notifications", "dashboard.notify.tasks.deliver_notifications", 5.0),
+    ("dispatch-due-restarts", "dashboard.restarts.tasks.dispatch_due_restarts", 5.0),
+    ("recover-interrupted-restarts", "dashboard.restarts.tasks.recover_interrupted_restarts",
+     30.0),
+    ("rollup-samples", "collectors.tasks.rollup_samples", 60.0),
+    ("prune-samples", "collectors.tasks.prune_samples", 3600.0),
+]
+# Node-local collection, one entry per node on that node's queue.
+NODE_TASKS = [
+    ("collect-host-memory", "collectors.tasks.collect_host_memory"),
+    ("collect-engines", "collectors.tasks.collect_engines"),
+]
+
+
+def beat_schedule(nodes: list[str], collect_interval: float) -> dict[str, dict]:
+    """The node-local collections of every node, plus the central housekeeping."""
+    schedule = {
+        f"{name}:{node}": _entry(task, collect_interval, node_queue(node), (node,))
+        for node in nodes
+        for name, task in NODE_TASKS
     }
-    schedule["dispatch-due-restarts"] = {
-        "task": "dashboard.restarts.tasks.dispatch_due_restarts",
-        "schedule": 5.0,
-        "options": {"queue": "sparkops", "expires": 5.0},
-    }
-    schedule["recover-interrupted-restarts"] = {
-        "task": "dashboard.restarts.tasks.recover_interrupted_restarts",
-        "schedule": 30.0,
-        "options": {"queue": "sparkops", "expires": 30.0},
-    }
-    schedule["rollup-samples"] = {
-        "task": "collectors.tasks.rollup_samples",
-        "schedule": 60.0,
-        "options": {"queue": "sparkops", "expires": 60.0},
-    }
-    schedule["prune-samples"] = {
-        "task": "collectors.tasks.prune_samples",
-        "schedule": 3600.0,
-        "options": {"queue": "sparkops", "expires": 3600.0},
-    }
+    schedule.update({name: _entry(task, every, "sparkops") for name, task, every
+                     in CENTRAL_SCHEDULE})
     return schedule
 
 
