@@ -222,6 +222,16 @@ SPARKOPS_RESTART_DEADLINE_FACTOR = env_float("SPARKOPS_RESTART_DEADLINE_FACTOR",
 SPARKOPS_RESTART_MIN_DEADLINE_SECONDS = env_float("SPARKOPS_RESTART_MIN_DEADLINE_SECONDS", 900,
                                                   minimum=1)
 
+# --- exports and demo ----------------------------------------------------------------------------
+# SparkOps' own /metrics and read-only JSON API answer a bearer token (set one to enable them)
+# or, without a token, clients from these networks (e.g. the Prometheus host).
+SPARKOPS_EXPORT_TOKEN = env_optional("SPARKOPS_EXPORT_TOKEN")
+SPARKOPS_EXPORT_ALLOWED_NETWORKS = env_list("SPARKOPS_EXPORT_ALLOWED_NETWORKS", [])
+# Demo mode: emulated engines replay the seeds' story; every page says the data is a demo.
+SPARKOPS_DEMO = env_bool("SPARKOPS_DEMO", False)
+# Node memory bandwidth for the decode roofline (GB10: 273 GB/s LPDDR5x).
+SPARKOPS_MEMORY_BANDWIDTH_GBPS = env_float("SPARKOPS_MEMORY_BANDWIDTH_GBPS", 273.0, minimum=1)
+
 # --- Celery -------------------------------------------------------------------------------------
 # The embedded default is kombu's file-system transport: beat and workers on one machine exchange
 # messages through a directory, no server needed. Set CELERY_BROKER_URL=redis://... for a fleet.
