@@ -2,6 +2,7 @@ from django.urls import path
 
 from dashboard import views
 from dashboard.alerting import urls as alerting_urls
+from dashboard.exports import urls as exports_urls
 from dashboard.notify import urls as notify_urls
 from dashboard.restarts import urls as restart_urls
 
@@ -21,3 +22,4 @@ urlpatterns = [
 
 # Alerting and notification pages share this app's namespace ("dashboard:<name>").
 urlpatterns += alerting_urls.urlpatterns + notify_urls.urlpatterns + restart_urls.urlpatterns
+urlpatterns += exports_urls.urlpatterns

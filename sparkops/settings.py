@@ -94,6 +94,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "sparkops.context_processors.demo",
             ],
         },
     },
@@ -184,13 +185,7 @@ DEFAULT_FROM_EMAIL = env_str("SPARKOPS_MAIL_FROM", "sparkops@localhost")
 # Webhook targets on private, loopback or link-local networks are refused unless listed here
 # (comma-separated CIDRs), e.g. "10.0.0.0/8" for an internal chat server.
 SPARKOPS_WEBHOOK_ALLOWED_NETWORKS = env_list("SPARKOPS_WEBHOOK_ALLOWED_NETWORKS", [])
-for _network in SPARKOPS_WEBHOOK_ALLOWED_NETWORKS:
-    try:
-        ipaddress.ip_network(_network, strict=False)
-    except ValueError:
-        raise ImproperlyConfigured(
-            f"SPARKOPS_WEBHOOK_ALLOWED_NETWORKS: {_network!r} is not a network (e.g. 10.0.0.0/8)"
-        ) from None
+
 # A notification claimed by a sender that has not finished after this long is taken over by
 # another (the first one died mid-send): longer than the slowest send (SMTP timeouts add up).
 SPARKOPS_NOTIFY_LEASE_SECONDS = env_float("SPARKOPS_NOTIFY_LEASE_SECONDS", 120, minimum=1)
@@ -231,6 +226,15 @@ SPARKOPS_EXPORT_ALLOWED_NETWORKS = env_list("SPARKOPS_EXPORT_ALLOWED_NETWORKS", 
 SPARKOPS_DEMO = env_bool("SPARKOPS_DEMO", False)
 # Node memory bandwidth for the decode roofline (GB10: 273 GB/s LPDDR5x).
 SPARKOPS_MEMORY_BANDWIDTH_GBPS = env_float("SPARKOPS_MEMORY_BANDWIDTH_GBPS", 273.0, minimum=1)
+
+for _name in ("SPARKOPS_WEBHOOK_ALLOWED_NETWORKS", "SPARKOPS_EXPORT_ALLOWED_NETWORKS"):
+    for _network in globals()[_name]:
+        try:
+            ipaddress.ip_network(_network, strict=False)
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"{_name}: {_network!r} is not a network (e.g. 10.0.0.0/8)"
+            ) from None
 
 # --- Celery -------------------------------------------------------------------------------------
 # The embedded default is kombu's file-system transport: beat and workers on one machine exchange
