@@ -1,4 +1,5 @@
-"""What the pages show about engines: cards for the overview, series for the engine page.
+"""What the pages show about engines: cards for the overview, series for the engine page, its
+restart history, and the units people read (GiB, tok/s, durations).
 
 Every figure is None when unknown; templates and JSON show "unknown", never 0.
 """
@@ -10,6 +11,37 @@ from datetime import datetime
 from collectors.models import Engine, EngineMetric, EngineSample, Event, Node
 from dashboard.downsample import SeriesPoint, break_long_gaps, downsample
 from dashboard.memory import GIB, RANGES
+from dashboard.restarts.models import Restart
+
+UNKNOWN = "unknown"
+
+
+def gib_text(gib: float | None) -> str:
+    """GiB for people: two decimals under 10 GiB (where half a GiB matters), one above."""
+    if gib is None:
+        return UNKNOWN
+    return f"{gib:.2f} GiB" if abs(gib) < 10 else f"{gib:.1f} GiB"
+
+
+def tps_text(tps: float | None) -> str:
+    """Tokens per second for people: one decimal under 100 tok/s, whole numbers above."""
+    if tps is None:
+        return UNKNOWN
+    return f"{tps:.1f} tok/s" if abs(tps) < 100 else f"{tps:,.0f} tok/s"
+
+
+def duration_text(seconds: float | None) -> str:
+    """A duration as "45 s", "8 min 12 s" or "2 h 5 min"."""
+    if seconds is None:
+        return UNKNOWN
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        minutes, rest = divmod(whole, 60)
+        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+    hours, rest = divmod(whole, 3600)
+    return f"{hours} h {rest // 60} min" if rest // 60 else f"{hours} h"
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -27,7 +59,7 @@ def engine_card(engine: Engine) -> dict:
     if kv_gib is None and kv_bytes is not None:
         kv_gib = round(kv_bytes / GIB, 2)
     usage = snapshot.get("kv_cache_usage")
-    return {
+    card = {
         "name": engine.name,
         "model": _first(config.get("served_model_name"), config.get("model"),
                         snapshot.get("model_name")),
@@ -54,6 +86,16 @@ def engine_card(engine: Engine) -> dict:
         "memory_gib": _rounded(engine.memory_usage_bytes / GIB, 2)
         if engine.memory_usage_bytes is not None else None,
     }
+    return _with_texts(card)
+
+
+def _with_texts(card: dict) -> dict:
+    """The card's figures formatted once for the templates (``*_text``); numbers stay numbers."""
+    card["kv_text"] = gib_text(card["kv_gib"])
+    card["memory_text"] = gib_text(card["memory_gib"])
+    card["prefill_text"] = tps_text(card["prefill_tps"])
+    card["decode_text"] = tps_text(card["decode_tps"])
+    return card
 
 
 def _rounded(value: float | None, digits: int) -> float | None:
@@ -109,3 +151,41 @@ def recent_events(engine: Engine, limit: int = 20) -> list[Event]:
     return list(Event.objects.filter(engine=engine).order_by("-at")[:limit])
 
 
+RESTART_HISTORY_LIMIT = 20
+
+
+def restart_history(engine: Engine, limit: int = RESTART_HISTORY_LIMIT) -> list[dict]:
+    """The engine's latest restarts, planned and unplanned, newest first, for its page."""
+    rows = Restart.objects.filter(engine=engine).order_by("-requested_at", "-pk")[:limit]
+    return [{
+        "pk": r.pk,
+        "kind": r.kind,
+        "status": r.status,
+        "requested_at": r.requested_at,
+        "started_at": r.started_at,
+        "finished_at": r.finished_at,
+        "startup_seconds": r.startup_seconds,
+        "startup_text": duration_text(r.startup_seconds) if r.startup_seconds is not None
+        else ("not measured" if r.finished_at else "—"),
+        "expected_text": duration_text(r.expected_startup_seconds),
+        "outcome": r.outcome,
+        "reason": r.reason,
+    } for r in rows]
+
+
+def humanise_ledger(ledger: dict | None) -> dict | None:
+    """The overview's ledger bar (``dashboard.ledger.ledger_bar``) with ``*_text`` figures."""
+    if ledger is None:
+        return None
+    for key in ("total", "available", "headroom"):
+        ledger[f"{key}_text"] = gib_text(ledger.get(f"{key}_gib"))
+    for segment in ledger["segments"]:
+        segment["text"] = gib_text(segment["gib"])
+    for marker in ledger["markers"]:
+        marker["text"] = gib_text(marker["gib"])
+    for row in ledger["engines"]:
+        for key in ("weights", "kv", "graphs", "actual", "estimate", "observed", "need"):
+            row[f"{key}_text"] = gib_text(row.get(f"{key}_gib"))
+    for process in ledger["processes"]:
+        process["text"] = gib_text(process["gib"])
+    return ledger

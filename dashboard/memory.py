@@ -117,25 +117,55 @@ def _latest_samples(node: Node, collection: Collection) -> dict[int, Sample]:
     return {row.metric: row for row in rows}
 
 
+def uses_raw(span: timedelta) -> bool:
+    """Whether a chart over ``span`` reads raw samples (else the per-minute roll-ups)."""
+    return span <= RAW_SPAN_LIMIT
+
+
+def gap_step_seconds(span: timedelta, max_points: int, interval: float, raw: bool) -> float:
+    """The longest step a line may bridge before it is broken into a gap.
+
+    Three missed collections (raw) or three missed minutes (roll-ups), and never less than two
+    downsampling buckets, so a reduced series is not chopped up by its own buckets.
+    """
+    bucket = span.total_seconds() / max(max_points // 3, 1)
+    return max(3 * interval + 5, 2 * bucket) if raw else max(180.0, 2 * bucket)
+
+
+def host_points(node: Node, metric: Metric, start: datetime, raw: bool) -> list[SeriesPoint]:
+    """One host-memory series from ``start`` on, in bytes (or %), unreduced: raw samples or
+    per-minute roll-ups (min and max of each minute, so no dip is lost)."""
+    return _raw_points(node, metric, start) if raw else _rollup_points(node, metric, start)
+
+
+def collection_failures(node: Node, start: datetime, end: datetime) -> list[tuple[datetime, str]]:
+    """Failed collections of ``node`` in [start, end], oldest first: (when, why)."""
+    return list(
+        Collection.objects.filter(node=node, ok=False, at__gte=start, at__lte=end)
+        .order_by("at").values_list("at", "error")
+    )
+
+
+def reduce_series(points: list[SeriesPoint], failures: list[tuple[datetime, str]],
+                  max_points: int, step_seconds: float) -> list[tuple[datetime, float | None]]:
+    """Failures merged in as gaps, min-max downsampled, long silences broken into gaps."""
+    merged = _merge_failures(points, failures)
+    reduced = downsample(merged, max_points) if merged else []
+    return break_long_gaps(reduced, step_seconds)
+
+
 def chart_series(node: Node, range_key: str, now: datetime, max_points: int, interval: float
                  ) -> dict:
     """Series for the overview chart over ``range_key``, each at most ``max_points`` long."""
     span = RANGES[range_key]
     start = now - span
-    use_raw = span <= RAW_SPAN_LIMIT
-    failures = list(
-        Collection.objects.filter(node=node, ok=False, at__gte=start, at__lte=now)
-        .order_by("at").values_list("at", "error")
-    )
+    use_raw = uses_raw(span)
+    failures = collection_failures(node, start, now)
+    step = gap_step_seconds(span, max_points, interval, use_raw)
     series = []
     for figure in FIGURES:
-        points = _raw_points(node, figure.metric, start) if use_raw else \
-            _rollup_points(node, figure.metric, start)
-        points = _merge_failures(points, failures)
-        reduced = downsample(points, max_points) if points else []
-        bucket = span.total_seconds() / max(max_points // 3, 1)
-        step = max(3 * interval + 5, 2 * bucket) if use_raw else max(180.0, 2 * bucket)
-        reduced = break_long_gaps(reduced, step)
+        reduced = reduce_series(host_points(node, figure.metric, start, use_raw), failures,
+                                max_points, step)
         series.append({
             "key": figure.key,
             "label": figure.label,

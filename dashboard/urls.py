@@ -18,6 +18,7 @@ urlpatterns = [
          name="engine-series-json"),
     path("api/nodes/<slug:node>/headroom.json", views.headroom_json, name="headroom-json"),
     path("api/nodes/<slug:node>/memory.json", views.memory_json, name="memory-json"),
+    path("api/nodes/<slug:node>/timeline.json", views.timeline_json, name="timeline-json"),
 ]
 
 # Alerting and notification pages share this app's namespace ("dashboard:<name>").

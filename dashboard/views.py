@@ -1,6 +1,8 @@
-"""Thin views: pick the node and range, call dashboard.memory, render or return JSON."""
+"""Thin views: pick the node and range, call the dashboard modules, render or return JSON."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
@@ -11,15 +13,47 @@ from django.utils import timezone
 
 from collectors.models import Engine, Node
 from collectors.nodes import local_node
-from dashboard.engines import engine_card, engine_series, node_engine_cards, recent_events
+from dashboard.alerting.models import Alert, AlertState
+from dashboard.engines import (
+    engine_card,
+    engine_series,
+    humanise_ledger,
+    node_engine_cards,
+    recent_events,
+    restart_history,
+)
 from dashboard.ledger import ledger_bar
 from dashboard.memory import RANGES, chart_series, current_headroom
+from dashboard.roofline import engine_roofline, model_config_for
+from dashboard.timeline import timeline
 
 DEFAULT_RANGE = "1h"
+FIRING_LIMIT = 10  # the overview's strip; the alerts page lists them all
 
 
 def _node_or_404(name: str) -> Node:
     return get_object_or_404(Node, name=name)
+
+
+def _range_error(range_key: str) -> JsonResponse | None:
+    if range_key in RANGES:
+        return None
+    return JsonResponse(
+        {"error": f"unknown range {range_key!r}; choose one of {', '.join(RANGES)}"}, status=400,
+    )
+
+
+def _cards_context(node: Node) -> dict:
+    """What the engine-cards fragment shows: firing alerts, the ledger, the cards."""
+    firing = Alert.objects.filter(node=node, state=AlertState.FIRING) \
+        .select_related("engine").order_by("-fired_at", "-pk")
+    return {
+        "node": node,
+        "cards": node_engine_cards(node),
+        "ledger": humanise_ledger(ledger_bar(node)),
+        "firing": list(firing[:FIRING_LIMIT]),
+        "firing_count": firing.count(),
+    }
 
 
 @login_required
@@ -35,26 +69,22 @@ def overview(request: HttpRequest, node: str) -> HttpResponse:
         range_key = DEFAULT_RANGE
     headroom = current_headroom(watched, timezone.now(), settings.SPARKOPS_COLLECT_INTERVAL)
     return render(request, "dashboard/overview.html", {
-        "node": watched,
+        **_cards_context(watched),
         "nodes": Node.objects.all(),
         "headroom": headroom,
         "ranges": list(RANGES),
         "range_key": range_key,
         "headroom_url": reverse("dashboard:headroom-json", args=[watched.name]),
-        "chart_url": reverse("dashboard:memory-json", args=[watched.name]),
+        "timeline_url": reverse("dashboard:timeline-json", args=[watched.name]),
         "engines_url": reverse("dashboard:engine-cards", args=[watched.name]),
-        "cards": node_engine_cards(watched),
-        "ledger": ledger_bar(watched),
     })
 
 
 @login_required
 def engine_cards(request: HttpRequest, node: str) -> HttpResponse:
-    """The overview's engine cards as an HTML fragment, for the page's live refresh."""
-    watched = _node_or_404(node)
-    return render(request, "dashboard/_engine_cards.html",
-                  {"node": watched, "cards": node_engine_cards(watched),
-                   "ledger": ledger_bar(watched)})
+    """The overview's firing alerts, ledger and engine cards as an HTML fragment, for the
+    page's live refresh."""
+    return render(request, "dashboard/_engine_cards.html", _cards_context(_node_or_404(node)))
 
 
 @login_required
@@ -66,12 +96,20 @@ def engines_json(request: HttpRequest, node: str) -> JsonResponse:
 def engine_detail(request: HttpRequest, node: str, engine: str) -> HttpResponse:
     watched = _node_or_404(node)
     found = get_object_or_404(Engine, node=watched, name=engine)
+    model_config, config_note = model_config_for(found, settings.SPARKOPS_NODE_NAME,
+                                                 Path(settings.SPARKOPS_PROCFS))
     return render(request, "dashboard/engine.html", {
         "node": watched,
         "engine": found,
         "card": engine_card(found),
         "config_rows": sorted((found.config or {}).get("all_flags", {}).items()),
         "events": recent_events(found),
+        "restarts": restart_history(found),
+        "roofline": engine_roofline(
+            found, timezone.now(), bandwidth_gbps=settings.SPARKOPS_MEMORY_BANDWIDTH_GBPS,
+            interval=settings.SPARKOPS_COLLECT_INTERVAL, model_config=model_config,
+            config_note=config_note,
+        ),
         "ranges": list(RANGES),
         "range_key": DEFAULT_RANGE,
         "series_url": reverse("dashboard:engine-series-json", args=[watched.name, found.name]),
@@ -81,11 +119,8 @@ def engine_detail(request: HttpRequest, node: str, engine: str) -> HttpResponse:
 @login_required
 def engine_series_json(request: HttpRequest, node: str, engine: str) -> JsonResponse:
     range_key = request.GET.get("range", DEFAULT_RANGE)
-    if range_key not in RANGES:
-        return JsonResponse(
-            {"error": f"unknown range {range_key!r}; choose one of {', '.join(RANGES)}"},
-            status=400,
-        )
+    if (error := _range_error(range_key)) is not None:
+        return error
     found = get_object_or_404(Engine, node=_node_or_404(node), name=engine)
     return JsonResponse(engine_series(found, range_key, timezone.now(),
                                       settings.SPARKOPS_MAX_CHART_POINTS,
@@ -100,21 +135,38 @@ def headroom_json(request: HttpRequest, node: str) -> JsonResponse:
     return JsonResponse(payload)
 
 
+def _max_points(request: HttpRequest) -> int | None:
+    """``?max_points=`` within [3, SPARKOPS_MAX_CHART_POINTS]; None when not a whole number."""
+    try:
+        asked = int(request.GET.get("max_points", settings.SPARKOPS_MAX_CHART_POINTS))
+    except ValueError:
+        return None
+    return max(3, min(asked, settings.SPARKOPS_MAX_CHART_POINTS))
+
+
 @login_required
 def memory_json(request: HttpRequest, node: str) -> JsonResponse:
     range_key = request.GET.get("range", DEFAULT_RANGE)
-    if range_key not in RANGES:
-        return JsonResponse(
-            {"error": f"unknown range {range_key!r}; choose one of {', '.join(RANGES)}"},
-            status=400,
-        )
-    try:
-        max_points = int(request.GET.get("max_points", settings.SPARKOPS_MAX_CHART_POINTS))
-    except ValueError:
+    if (error := _range_error(range_key)) is not None:
+        return error
+    max_points = _max_points(request)
+    if max_points is None:
         return JsonResponse({"error": "max_points must be a whole number"}, status=400)
-    max_points = max(3, min(max_points, settings.SPARKOPS_MAX_CHART_POINTS))
     payload = chart_series(
         _node_or_404(node), range_key, timezone.now(), max_points,
         settings.SPARKOPS_COLLECT_INTERVAL,
     )
     return JsonResponse(payload)
+
+
+@login_required
+def timeline_json(request: HttpRequest, node: str) -> JsonResponse:
+    """The overview's timeline (``dashboard.timeline.timeline``) over ``?range=``."""
+    range_key = request.GET.get("range", DEFAULT_RANGE)
+    if (error := _range_error(range_key)) is not None:
+        return error
+    max_points = _max_points(request)
+    if max_points is None:
+        return JsonResponse({"error": "max_points must be a whole number"}, status=400)
+    return JsonResponse(timeline(_node_or_404(node), range_key, timezone.now(), max_points,
+                                 settings.SPARKOPS_COLLECT_INTERVAL))

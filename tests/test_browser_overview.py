@@ -45,9 +45,11 @@ def test_overview_logs_in_shows_figures_and_draws_the_chart(live_server, page, d
     available = page.locator('.figure[data-key="mem_available"] .value')
     assert available.inner_text().endswith("GiB")
     assert page.locator('.figure[data-key="mem_free"] .value').inner_text() == "unknown"
-    page.wait_for_function("document.getElementById('memory-chart').data?.length === 6")
+    # The host-memory chart is now the timeline's headroom panel (one figure, one time axis).
+    page.wait_for_function("document.getElementById('timeline')?.data?.length >= 6")
     lowest = page.evaluate(
-        "Math.min(...document.getElementById('memory-chart').data[1].y.filter(v => v !== null))"
+        "Math.min(...document.getElementById('timeline').data"
+        ".find(t => t.meta === 'mem_available_min').y.filter(v => v !== null))"
     )
     assert lowest == 12.0  # the dip drawn, not averaged away
 
@@ -69,6 +71,9 @@ def test_overview_refreshes_itself_while_open(live_server, page, django_user_mod
     page.click("button[type=submit]")
     page.wait_for_url("**/nodes/spark-a/")
     assert page.locator('.figure[data-key="mem_available"] .value').inner_text() == "unknown"
+    # No engines yet: the page says how SparkOps finds them.
+    empty = page.locator(".empty-state").inner_text()
+    assert "SPARKOPS_DOCKER_HOST" in empty and "sparkops.engine=vllm" in empty
 
     at = timezone.now()
     Collection.objects.create(node=node, at=at, window_started_at=at - timedelta(seconds=1),

@@ -1,4 +1,5 @@
-// Engine page: tok/s, latency quantiles, KV usage and slots on one shared time axis.
+// Engine page: prefill and decode tok/s, latency quantiles, KV usage and slots, stacked on one
+// shared time axis, with the engine's events as hoverable markers.
 (function () {
   "use strict";
   const root = document.getElementById("engine-page");
@@ -7,32 +8,74 @@
   let range = root.dataset.range;
   let timer = null;
   let delay = 15000;
-  const AXES = { "tok/s": "y", "s": "y2", "fraction": "y3", "requests": "y4" };
+  const axisTime = window.SparkOps.times.axis;  // the viewer's wall-clock time (timeline.js)
+  const GRID = "#26313d";
+
+  // Panels top to bottom: [axis, title, unit, domain]. Each series goes to its panel by key.
+  const PANELS = [
+    ["y", "Prefill", "tok/s", [0.82, 1]],
+    ["y2", "Decode", "tok/s", [0.62, 0.78]],
+    ["y3", "Time to first token and inter-token latency", "s", [0.42, 0.58]],
+    ["y4", "KV-cache usage", "%", [0.22, 0.38]],
+    ["y5", "Requests running and waiting", "requests", [0, 0.18]],
+  ];
+  const PANEL_OF = {
+    prefill_tps: "y", decode_tps: "y2", ttft_p50: "y3", ttft_p95: "y3", itl_p50: "y3",
+    itl_p95: "y3", kv_usage: "y4", running: "y5", waiting: "y5",
+  };
+  // Quantiles are dashed, waiting dotted: the series differ by more than colour.
+  const DASH = { ttft_p95: "dash", itl_p95: "dash", waiting: "dot" };
+
+  function seriesTraces(data) {
+    return data.series.map(function (s) {
+      const percent = s.key === "kv_usage";
+      return {
+        x: s.x.map(axisTime), y: percent ? s.y.map(function (v) { return v === null ? null : v * 100; }) : s.y,
+        name: s.label, type: "scatter", mode: "lines", connectgaps: false, meta: s.key,
+        yaxis: PANEL_OF[s.key] || "y", line: { dash: DASH[s.key] || "solid", width: 1.5 },
+      };
+    });
+  }
+
+  function eventTrace(data) {
+    // Hoverable markers at the foot of the decode panel: what happened, not only when.
+    return {
+      x: data.events.map(function (e) { return axisTime(e.at); }),
+      y: data.events.map(function () { return 0; }),
+      hovertext: data.events.map(function (e) { return e.kind + ": " + e.message; }),
+      hoverinfo: "x+text", name: "events", type: "scatter", mode: "markers", yaxis: "y2",
+      meta: "events", marker: { symbol: "triangle-up", size: 10, color: "#f0a020" },
+    };
+  }
 
   function render(data) {
-    const traces = data.series.map(function (s) {
-      return { x: s.x, y: s.y, name: s.label, type: "scatter", mode: "lines", connectgaps: false,
-               yaxis: AXES[s.unit] };
-    });
-    const markers = data.events.map(function (e) {
-      return { type: "line", xref: "x", yref: "paper", x0: e.at, x1: e.at, y0: 0, y1: 1,
+    const traces = seriesTraces(data);
+    if (data.events.length) traces.push(eventTrace(data));
+    const shapes = data.events.map(function (e) {
+      return { type: "line", xref: "x", yref: "paper", x0: axisTime(e.at), x1: axisTime(e.at), y0: 0, y1: 1,
                line: { color: "#f0a020", width: 1, dash: "dot" } };
     });
     if (data.max_num_seqs) {
-      markers.push({ type: "line", xref: "paper", yref: "y4", x0: 0, x1: 1, y0: data.max_num_seqs,
-                     y1: data.max_num_seqs, line: { color: "#e5534b", width: 1, dash: "dash" } });
+      shapes.push({ type: "line", xref: "paper", yref: "y5", x0: 0, x1: 1, y0: data.max_num_seqs,
+                    y1: data.max_num_seqs, line: { color: "#ff7b72", width: 1, dash: "dash" } });
     }
-    const grid = "#26313d";
-    Plotly.react("engine-charts", traces, {
+    const layout = {
       paper_bgcolor: "#0f1419", plot_bgcolor: "#18202a", font: { color: "#e6edf3" },
-      margin: { l: 60, r: 20, t: 10, b: 40 }, legend: { orientation: "h" }, shapes: markers,
-      grid: { rows: 4, columns: 1, pattern: "independent", roworder: "top to bottom" },
-      xaxis: { type: "date", range: [data.start, data.end], gridcolor: grid, anchor: "y4" },
-      yaxis: { title: "tok/s", domain: [0.76, 1], gridcolor: grid, rangemode: "tozero" },
-      yaxis2: { title: "seconds", domain: [0.51, 0.74], gridcolor: grid, rangemode: "tozero" },
-      yaxis3: { title: "KV used", domain: [0.26, 0.49], gridcolor: grid, range: [0, 1] },
-      yaxis4: { title: "requests", domain: [0, 0.24], gridcolor: grid, rangemode: "tozero" },
-    }, { displaylogo: false, responsive: true });
+      margin: { l: 64, r: 20, t: 24, b: 40 }, legend: { orientation: "h" }, shapes: shapes,
+      annotations: [], uirevision: range,
+      xaxis: { type: "date", range: [axisTime(data.start), axisTime(data.end)], gridcolor: GRID, anchor: "y5" },
+    };
+    PANELS.forEach(function (panel) {
+      const name = "yaxis" + panel[0].slice(1);
+      layout[name] = { title: { text: panel[2], standoff: 4 }, domain: panel[3], gridcolor: GRID,
+                       rangemode: "tozero", fixedrange: true };
+      layout.annotations.push({ text: "<b>" + panel[1] + "</b>", xref: "paper", yref: "paper", x: 0,
+                                y: panel[3][1], xanchor: "left", yanchor: "bottom", showarrow: false,
+                                font: { size: 12, color: "#c9d1d9" } });
+    });
+    layout.yaxis4.range = [0, 100];
+    if (data.max_num_seqs) layout.yaxis5.range = [0, data.max_num_seqs * 1.15];
+    Plotly.react("engine-charts", traces, layout, { displaylogo: false, responsive: true });
   }
 
   function load() {
@@ -47,7 +90,10 @@
   document.querySelectorAll(".ranges button").forEach(function (button) {
     button.addEventListener("click", function () {
       range = button.dataset.range;
-      document.querySelectorAll(".ranges button").forEach(function (b) { b.classList.toggle("active", b === button); });
+      document.querySelectorAll(".ranges button").forEach(function (b) {
+        b.classList.toggle("active", b === button);
+        b.setAttribute("aria-pressed", b === button ? "true" : "false");
+      });
       load();
     });
   });

@@ -1,27 +1,33 @@
-// Overview: live headroom figures and the host-memory chart.
-// Polls two small JSON endpoints; polls slow down while the tab is hidden or the server errors,
-// and resume at once when the tab is shown again.
+// Overview: live headroom figures, the firing alerts + ledger + engine cards fragment, and the
+// one timeline (static/js/timeline.js).
+// Polls small endpoints; polls slow down while the tab is hidden or the server errors, and resume
+// at once when the tab is shown again.
 (function () {
   "use strict";
   const root = document.getElementById("overview");
   if (!root) return;
   const headroomUrl = root.dataset.headroomUrl;
-  const chartUrl = root.dataset.chartUrl;
+  const timelineUrl = root.dataset.timelineUrl;
   const interval = Math.max(parseFloat(root.dataset.interval) || 5, 2) * 1000;
   const HIDDEN_MAX = 5 * 60 * 1000;
+  const times = window.SparkOps.times;
+  const timelineState = window.SparkOps.timeline.state();
   let range = root.dataset.range;
   let timers = {};
   let delays = { headroom: interval, chart: 3 * interval, engines: interval };
 
-  const COLORS = {
-    mem_available: "#76b900", mem_available_min: "#e5534b", mem_free: "#4ea1ff",
-    page_cache_reclaimable: "#c792ea", swap_used: "#f0a020", psi_some_avg10: "#8b98a5",
-  };
-
   function text(el, value) { if (el) el.textContent = value; }
 
+  function renderCollectedAt(at) {
+    const el = document.getElementById("collected-at");
+    if (!el) return;
+    if (!at) { el.removeAttribute("datetime"); text(el, "never"); return; }
+    el.setAttribute("datetime", at);
+    times.refresh(el.parentNode);
+  }
+
   function renderHeadroom(data) {
-    text(document.getElementById("collected-at"), data.collected_at || "never");
+    renderCollectedAt(data.collected_at);
     if (data.mem_total_gib !== null) text(document.getElementById("mem-total"), data.mem_total_gib + " GiB (MemTotal)");
     const status = document.getElementById("status");
     let message = "";
@@ -50,28 +56,15 @@
   }
 
   function renderChart(data) {
-    const traces = data.series.map(function (s) {
-      return {
-        x: s.x, y: s.y, name: s.label + (s.unit === "%" ? " (%)" : ""), type: "scattergl", mode: "lines",
-        connectgaps: false, yaxis: s.unit === "%" ? "y2" : "y",
-        line: { color: COLORS[s.key], width: s.key === "mem_available_min" ? 1 : 2,
-                dash: s.key === "mem_available_min" ? "dot" : "solid" },
-      };
-    });
-    const layout = {
-      paper_bgcolor: "#0f1419", plot_bgcolor: "#18202a", font: { color: "#e6edf3" },
-      margin: { l: 60, r: 60, t: 10, b: 40 }, legend: { orientation: "h" },
-      xaxis: { type: "date", range: [data.start, data.end], gridcolor: "#26313d" },
-      yaxis: { title: "GiB", rangemode: "tozero", gridcolor: "#26313d" },
-      yaxis2: { title: "pressure %", overlaying: "y", side: "right", rangemode: "tozero", showgrid: false },
-    };
-    Plotly.react("memory-chart", traces, layout, { displaylogo: false, responsive: true });
+    window.SparkOps.timeline.render("timeline", data, timelineState);
     const note = document.getElementById("chart-note");
     const failures = data.failures || [];
-    let message = "Source: " + (data.source === "raw" ? "raw samples" : "per-minute roll-ups") + ".";
+    let message = "Source: " + (data.source === "raw" ? "raw samples"
+      : "per-minute roll-ups (engine figures: per-minute, beyond 7 days per-hour, minimum and maximum)") + ".";
     if (failures.length) {
       const last = failures[failures.length - 1];
-      message += " " + failures.length + " failed collection(s) in range (gaps); latest at " + last.at + ": " + last.error;
+      message += " " + failures.length + " failed collection(s) in range (gaps); latest at " +
+        new Date(last.at).toLocaleString() + ": " + last.error;
     }
     note.textContent = message;
   }
@@ -110,18 +103,24 @@
     fetch(enginesUrl, { credentials: "same-origin" })
       .then(function (r) { if (!r.ok || r.redirected) throw new Error("HTTP " + r.status); return r.text(); })
       .then(function (html) {
-        document.getElementById("engine-cards").innerHTML = html;
+        const cards = document.getElementById("engine-cards");
+        cards.innerHTML = html;
+        times.refresh(cards);
         if (!document.hidden) delays.engines = interval;
       })
       .catch(function () { delays.engines = Math.min(delays.engines * 2, HIDDEN_MAX); })
       .finally(function () { schedule("engines", engines); });
   };
-  const chart = poll("chart", function () { return chartUrl + "?range=" + encodeURIComponent(range); }, renderChart);
+  const chart = poll("chart", function () { return timelineUrl + "?range=" + encodeURIComponent(range); }, renderChart);
 
   document.querySelectorAll(".ranges button").forEach(function (button) {
     button.addEventListener("click", function () {
       range = button.dataset.range;
-      document.querySelectorAll(".ranges button").forEach(function (b) { b.classList.toggle("active", b === button); });
+      timelineState.userRange = null;  // a new range shows all of it, in every panel
+      document.querySelectorAll(".ranges button").forEach(function (b) {
+        b.classList.toggle("active", b === button);
+        b.setAttribute("aria-pressed", b === button ? "true" : "false");
+      });
       history.replaceState(null, "", "?range=" + encodeURIComponent(range));
       chart();
     });

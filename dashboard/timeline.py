@@ -1,0 +1,340 @@
+"""The overview's one timeline: the node's story on a single time axis.
+
+Panels, top to bottom (all share one x axis on the page):
+
+* ``markers`` — what happened: restarts (planned and unplanned), alerts (fired, resolved), engine
+  phase changes, prefill stalls and exits, each with a hover text.
+* ``headroom`` — MemAvailable with its interval minima, MemFree, reclaimable page cache and swap
+  in use (GiB), with memory pressure (PSI, %) on a second axis.
+* ``ledger`` — the memory ledger over time: what each engine holds, its KV pool, and other
+  processes whose size moved.
+* ``kv`` — KV-cache usage per engine (%).
+* ``prefill`` and ``decode`` — tok/s per engine.
+
+**Exact and stepwise.** Host series, what an engine holds (NVML per-process memory, else its
+cgroup), KV usage and tok/s are *exact*: the values measured at each collection (per-minute or
+per-hour min and max over long ranges), reduced with the min-max downsampler so no dip is lost.
+KV pools and other processes are *stepwise*: SparkOps keeps only :class:`LedgerChange` rows,
+written when a component moves by at least the change threshold (0.5 % of MemTotal by default).
+Between two rows the size is the earlier row's ``after``; moves smaller than the threshold do not
+show; before its first row in range a component has the ``after`` of its last earlier row (else
+the first row's ``before``, except an engine's first appearance, ``0 → size``, which starts it).
+
+Unknown is ``None`` (a gap), never 0. Every series has at most ``max_points`` points.
+Cost: about five queries per engine plus a dozen for the node; engine samples over ranges
+longer than a day are bucketed in the database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db.models import Max, Min, Q
+from django.db.models.functions import TruncHour, TruncMinute
+
+from collectors.models import Engine, EngineMetric, EngineSample, Event, LedgerChange, Metric, Node
+from dashboard.alerting.models import Alert
+from dashboard.downsample import SeriesPoint
+from dashboard.memory import (
+    GIB,
+    RANGES,
+    collection_failures,
+    gap_step_seconds,
+    host_points,
+    reduce_series,
+    uses_raw,
+)
+from dashboard.restarts.models import Restart
+
+Points = list[tuple[datetime, float | None]]
+
+PANELS = [
+    {"key": "markers", "title": "Restarts, alerts and engine events", "unit": ""},
+    {"key": "headroom", "title": "Headroom", "unit": "GiB"},
+    {"key": "ledger", "title": "Memory ledger: what engines and processes hold", "unit": "GiB"},
+    {"key": "kv", "title": "KV-cache usage", "unit": "%"},
+    {"key": "prefill", "title": "Prefill", "unit": "tok/s"},
+    {"key": "decode", "title": "Decode", "unit": "tok/s"},
+]
+
+
+@dataclass(frozen=True)
+class HostSeries:
+    key: str
+    metric: Metric
+    label: str
+    unit: str  # "GiB" or "%"
+
+
+HOST_SERIES = [
+    HostSeries("mem_available", Metric.MEM_AVAILABLE, "MemAvailable", "GiB"),
+    HostSeries("mem_available_min", Metric.MEM_AVAILABLE_MIN,
+               "MemAvailable, lowest in each interval", "GiB"),
+    HostSeries("mem_free", Metric.MEM_FREE, "MemFree (≈ CUDA free)", "GiB"),
+    HostSeries("page_cache_reclaimable", Metric.PAGE_CACHE_RECLAIMABLE,
+               "Reclaimable page cache", "GiB"),
+    HostSeries("swap_used", Metric.SWAP_USED, "Swap in use", "GiB"),
+    HostSeries("psi_some_avg10", Metric.PSI_SOME_AVG10, "Memory pressure (PSI some avg10)", "%"),
+]
+
+# Engine series: (panel, key suffix, metric, label, scale to the panel's unit).
+ENGINE_SERIES = [
+    ("kv", "kv_usage", EngineMetric.KV_CACHE_USAGE, "KV-cache usage", 100.0),
+    ("prefill", "prefill_tps", EngineMetric.PREFILL_TPS, "prefill tok/s", 1.0),
+    ("decode", "decode_tps", EngineMetric.DECODE_TPS, "decode tok/s", 1.0),
+]
+
+# Events drawn as markers; other kinds (scrape failures, discoveries) would only add noise.
+MARKED_EVENTS = {
+    "phase-change": "phase change",
+    "prefill-stall": "prefill stall",
+    "engine-exited": "engine stopped",
+    "engine-gone": "container gone",
+    "gpu-lost": "GPU lost",
+}
+# Plans that never ran are no event on the node.
+NOT_RUN = (Restart.Status.SCHEDULED, Restart.Status.CANCELLED, Restart.Status.REFUSED)
+MARKER_LIMIT = 300  # per lane, newest kept: hundreds of markers make the lane unreadable
+PROCESS_LIMIT = 6  # other processes drawn in the ledger panel, largest first
+
+
+def timeline(node: Node, range_key: str, now: datetime, max_points: int, interval: float
+             ) -> dict:
+    """The timeline of ``node`` over ``range_key`` ending at ``now``, as JSON-ready data.
+
+    ``series`` entries carry their ``panel``, ``label``, ``unit``, ``engine`` (or None),
+    ``exactness`` ("exact" or "stepwise") and equally long ``x`` (ISO 8601) and ``y`` lists
+    of at most ``max_points``. ``markers`` carry ``at`` (and ``until`` for a restart's outage),
+    ``lane``, ``kind``, ``label`` and a hover ``text``.
+    """
+    span = RANGES[range_key]
+    start = now - span
+    raw = uses_raw(span)
+    # Each series is reduced to half the budget: breaking long gaps can add at most one point
+    # per point, so the result stays within ``max_points``.
+    budget = max(max_points // 2, 3)
+    step = gap_step_seconds(span, budget, interval, raw)
+    failures = collection_failures(node, start, now)
+    engines = _engines_in_range(node, start)
+    series = _host_series(node, start, raw, failures, budget, step)
+    series += _ledger_series(node, engines, start, now, span, budget, step)
+    for engine in engines:
+        series += _engine_rate_series(engine, start, now, span, budget, step)
+    return {
+        "node": node.name,
+        "range": range_key,
+        "start": start.isoformat(),
+        "end": now.isoformat(),
+        "source": "raw" if raw else "rollup",
+        "max_points": max_points,
+        "panels": PANELS,
+        "engines": [engine.name for engine in engines],
+        "series": series,
+        "markers": markers(node, start, now),
+        "failures": [{"at": at.isoformat(), "error": error} for at, error in failures],
+    }
+
+
+def _engines_in_range(node: Node, start: datetime) -> list[Engine]:
+    """Engines present now, or seen at some point inside the range."""
+    return list(Engine.objects.filter(node=node).filter(Q(present=True) | Q(last_seen__gte=start))
+                .order_by("name"))
+
+
+def _entry(panel: str, key: str, label: str, unit: str, points: Points, *,
+           engine: str | None = None, exactness: str = "exact", scale: float = 1.0) -> dict:
+    return {
+        "panel": panel, "key": key, "label": label, "unit": unit, "engine": engine,
+        "exactness": exactness,
+        "x": [at.isoformat() for at, _ in points],
+        "y": [None if value is None else round(value * scale, 3) for _, value in points],
+    }
+
+
+def _host_series(node: Node, start: datetime, raw: bool,
+                 failures: list[tuple[datetime, str]], budget: int, step: float) -> list[dict]:
+    out = []
+    for spec in HOST_SERIES:
+        points = reduce_series(host_points(node, spec.metric, start, raw), failures, budget, step)
+        scale = 1 / GIB if spec.unit == "GiB" else 1.0
+        out.append(_entry("headroom", spec.key, spec.label, spec.unit, points, scale=scale))
+    return out
+
+
+# --- engine samples ------------------------------------------------------------------------------
+
+def engine_points(engine_id: int, metric: EngineMetric, start: datetime, end: datetime,
+                  span: timedelta) -> list[SeriesPoint]:
+    """One engine series in [start, end]: raw samples up to a day, else per-minute (up to a week)
+    or per-hour min and max computed by the database (engine samples have no roll-up table)."""
+    rows = EngineSample.objects.filter(engine_id=engine_id, metric=metric, at__gte=start,
+                                       at__lte=end)
+    if uses_raw(span):
+        return [SeriesPoint(at, value, value)
+                for at, value in rows.order_by("at").values_list("at", "value")]
+    trunc = TruncMinute("at") if span <= timedelta(days=7) else TruncHour("at")
+    buckets = rows.annotate(bucket=trunc).values("bucket") \
+        .annotate(lo=Min("value"), hi=Max("value")).order_by("bucket")
+    return [SeriesPoint(b["bucket"], b["lo"], b["hi"]) for b in buckets]
+
+
+def _engine_rate_series(engine: Engine, start: datetime, end: datetime, span: timedelta,
+                        budget: int, step: float) -> list[dict]:
+    out = []
+    for panel, key, metric, label, scale in ENGINE_SERIES:
+        points = reduce_series(engine_points(engine.pk, metric, start, end, span), [], budget,
+                               step)
+        out.append(_entry(panel, f"{engine.name}:{key}", f"{engine.name} {label}",
+                          "%" if panel == "kv" else "tok/s", points, engine=engine.name,
+                          scale=scale))
+    return out
+
+
+def _holdings(engine: Engine, start: datetime, end: datetime, span: timedelta, budget: int,
+              step: float) -> dict:
+    """What the engine holds: NVML's per-process figure when there is one in range (GPU
+    allocations on GB10), else the container's cgroup, which does not count them."""
+    points = engine_points(engine.pk, EngineMetric.GPU_MEMORY, start, end, span)
+    source = "NVML per-process"
+    if not any(p.high is not None for p in points):
+        points = engine_points(engine.pk, EngineMetric.CONTAINER_MEMORY, start, end, span)
+        source = "cgroup, without GPU allocations"
+    reduced = reduce_series(points, [], budget, step)
+    return _entry("ledger", f"{engine.name}:holds", f"{engine.name} holds ({source})", "GiB",
+                  reduced, engine=engine.name, scale=1 / GIB)
+
+
+# --- the ledger, stepwise from its change rows ---------------------------------------------------
+
+def _ledger_series(node: Node, engines: list[Engine], start: datetime, end: datetime,
+                   span: timedelta, budget: int, step: float) -> list[dict]:
+    out = []
+    current = node.ledger or {}
+    present_engine_ids = {share.get("engine_id") for share in current.get("engines", [])}
+    for engine in engines:
+        out.append(_holdings(engine, start, end, span, budget, step))
+        key = f"engine:{engine.pk}:kv_pool"
+        carry = end if engine.pk in present_engine_ids else min(engine.last_seen, end)
+        points = step_series(node, key, start, end, carry, appearance_from_zero=True)
+        if points:
+            out.append(_entry("ledger", f"{engine.name}:kv_pool", f"{engine.name} KV pool",
+                              "GiB", points, engine=engine.name, exactness="stepwise",
+                              scale=1 / GIB))
+    out += _process_series(node, start, end, {p.get("name") for p in current.get("processes", [])})
+    return out
+
+
+def _process_series(node: Node, start: datetime, end: datetime, present: set[str]) -> list[dict]:
+    """Other processes that moved past the threshold in range, largest first."""
+    moved = LedgerChange.objects.filter(node=node, component__startswith="process:",
+                                        at__gte=start, at__lte=end)
+    largest: dict[str, int] = {}
+    for component, after in moved.values_list("component", "after_bytes"):
+        largest[component] = max(largest.get(component, 0), after or 0)
+    out = []
+    for component in sorted(largest, key=lambda c: -largest[c])[:PROCESS_LIMIT]:
+        name = component.removeprefix("process:")
+        points = step_series(node, component, start, end, end if name in present else None,
+                             appearance_from_zero=False)
+        out.append(_entry("ledger", component, f"process {name}", "GiB", points,
+                          exactness="stepwise", scale=1 / GIB))
+    return out
+
+
+def step_series(node: Node, component: str, start: datetime, end: datetime,
+                carry_until: datetime | None, *, appearance_from_zero: bool) -> Points:
+    """A ledger component's size as steps, rebuilt from its LedgerChange rows.
+
+    Each row becomes a point at its instant with its ``after`` size (the page draws the line as
+    steps). The value at ``start`` is the last earlier row's ``after``, else the first row's
+    ``before``; with ``appearance_from_zero`` a first row ``0 → size`` marks when SparkOps first
+    saw the component, which was unknown (not 0) before. The last size is carried to
+    ``carry_until`` (None: the component left the ledger, so its line ends at its last row).
+    """
+    rows = list(LedgerChange.objects.filter(node=node, component=component, at__gte=start,
+                                            at__lte=end)
+                .order_by("at").values_list("at", "before_bytes", "after_bytes"))
+    prior = LedgerChange.objects.filter(node=node, component=component, at__lt=start) \
+        .order_by("-at").values_list("after_bytes", flat=True).first()
+    points: Points = []
+    if prior is not None:
+        points.append((start, float(prior)))
+    elif rows and rows[0][1] is not None and not (appearance_from_zero and rows[0][1] == 0):
+        points.append((start, float(rows[0][1])))
+    points += [(at, None if after is None else float(after)) for at, _, after in rows]
+    if points and carry_until is not None and points[-1][0] < carry_until:
+        points.append((carry_until, points[-1][1]))
+    return points
+
+
+# --- markers -------------------------------------------------------------------------------------
+
+def markers(node: Node, start: datetime, end: datetime) -> list[dict]:
+    """Restarts, alert changes and engine events of ``node`` in [start, end], oldest first."""
+    found = _restart_markers(node, start, end)[-MARKER_LIMIT:]
+    found += _alert_markers(node, start, end)[-MARKER_LIMIT:]
+    found += _event_markers(node, start, end)[-MARKER_LIMIT:]
+    return sorted(found, key=lambda m: m["at"])
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment else None
+
+
+def _restart_markers(node: Node, start: datetime, end: datetime) -> list[dict]:
+    rows = Restart.objects.filter(node=node).exclude(status__in=NOT_RUN).filter(
+        Q(started_at__gte=start, started_at__lte=end) | Q(finished_at__gte=start,
+                                                         finished_at__lte=end)
+    ).select_related("engine").order_by("started_at")
+    out = []
+    for restart in rows:
+        began = restart.started_at or restart.requested_at
+        back = restart.finished_at
+        if back is None and restart.startup_seconds is not None:
+            back = began + timedelta(seconds=restart.startup_seconds)
+        text = f"{restart.kind} restart of {restart.engine.name}: {restart.status}"
+        if restart.startup_seconds is not None:
+            text += f", ready after {restart.startup_seconds / 60:.1f} min"
+        if restart.reason:
+            text += f" — {restart.reason[:160]}"
+        out.append({
+            "at": _iso(began), "until": _iso(back or (end if restart.status == "running"
+                                                        else None)),
+            "lane": "restarts", "kind": f"restart-{restart.kind}",
+            "label": f"{restart.kind} restart", "engine": restart.engine.name,
+            "severity": "info" if restart.kind == Restart.Kind.PLANNED else "warning",
+            "text": text, "id": restart.pk,
+        })
+    return out
+
+
+def _alert_markers(node: Node, start: datetime, end: datetime) -> list[dict]:
+    rows = Alert.objects.filter(node=node).filter(
+        Q(fired_at__gte=start, fired_at__lte=end) | Q(resolved_at__gte=start,
+                                                     resolved_at__lte=end, fired_at__isnull=False)
+    ).order_by("fired_at")
+    out = []
+    for alert in rows:
+        moments = [("fired", alert.fired_at), ("resolved", alert.resolved_at)]
+        for change, moment in moments:
+            if moment is None or not start <= moment <= end:
+                continue
+            out.append({
+                "at": _iso(moment), "lane": "alerts", "kind": f"alert-{change}",
+                "label": f"alert {change}", "engine": None, "severity": alert.severity,
+                "text": f"{alert.rule} {change} ({alert.severity}): {alert.summary[:200]}",
+                "id": alert.pk,
+            })
+    return out
+
+
+def _event_markers(node: Node, start: datetime, end: datetime) -> list[dict]:
+    rows = Event.objects.filter(node=node, kind__in=list(MARKED_EVENTS), at__gte=start,
+                                at__lte=end).select_related("engine").order_by("at")
+    return [{
+        "at": _iso(event.at), "lane": "engines", "kind": event.kind,
+        "label": MARKED_EVENTS[event.kind], "engine": event.engine.name if event.engine else None,
+        "severity": event.severity, "text": event.message[:300], "id": event.pk,
+    } for event in rows]
+

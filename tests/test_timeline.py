@@ -1,0 +1,228 @@
+"""The overview's one timeline: panels, exact and stepwise series, markers, the JSON endpoint."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from collectors.models import (
+    Collection,
+    Engine,
+    EngineMetric,
+    EngineSample,
+    Event,
+    LedgerChange,
+    Metric,
+    Rollup,
+    Sample,
+)
+from dashboard.alerting.models import Alert
+from dashboard.restarts.models import Restart
+from dashboard.timeline import timeline
+
+GIB = 1024**3
+
+
+@pytest.fixture
+def now() -> datetime:
+    return timezone.now().replace(microsecond=0)
+
+
+def _engine(node, name: str) -> Engine:
+    return Engine.objects.create(node=node, name=name, container_id=f"{name}-id",
+                                 container_state="running", phase="ready")
+
+
+def _series(data: dict, key: str) -> dict:
+    return next(s for s in data["series"] if s["key"] == key)
+
+
+def _pairs(series: dict) -> list[tuple[str, float | None]]:
+    return list(zip(series["x"], series["y"], strict=True))
+
+
+def test_panels_share_one_range_and_host_series_are_in_gib_with_gaps(node, now):
+    for i in range(10):
+        at = now - timedelta(seconds=5 * (10 - i))
+        Sample.objects.create(node=node, metric=Metric.MEM_AVAILABLE, at=at, value=30 * GIB)
+    Collection.objects.create(node=node, at=now - timedelta(seconds=2), ok=False,
+                              window_started_at=now - timedelta(seconds=7),
+                              error="/proc/meminfo is not readable")
+
+    data = timeline(node, "1h", now, 2000, 5.0)
+
+    assert [p["key"] for p in data["panels"]] == ["markers", "headroom", "ledger", "kv",
+                                                  "prefill", "decode"]
+    assert data["start"] == (now - timedelta(hours=1)).isoformat()
+    available = _series(data, "mem_available")
+    assert available["panel"] == "headroom" and available["unit"] == "GiB"
+    assert available["y"][:10] == [30.0] * 10
+    assert available["y"][-1] is None  # the failed collection is a gap, not a zero
+    assert data["failures"][0]["error"] == "/proc/meminfo is not readable"
+    assert _series(data, "mem_free")["y"] == [None]  # nothing known: a gap only
+
+
+def test_every_series_stays_within_max_points_and_keeps_the_dip(node, now):
+    rows = [Sample(node=node, metric=Metric.MEM_AVAILABLE_MIN, at=now - timedelta(seconds=2 * i),
+                   value=(4 if i == 777 else 40) * GIB) for i in range(1700)]
+    Sample.objects.bulk_create(rows)
+    engine = _engine(node, "gemma")
+    EngineSample.objects.bulk_create([
+        EngineSample(engine=engine, metric=EngineMetric.DECODE_TPS,
+                     at=now - timedelta(seconds=2 * i), value=0.0 if i == 500 else 41.1)
+        for i in range(1700)
+    ])
+
+    data = timeline(node, "1h", now, 300, 5.0)
+
+    minimum = _series(data, "mem_available_min")
+    decode = _series(data, "gemma:decode_tps")
+    assert all(len(s["x"]) <= 300 for s in data["series"])
+    assert min(v for v in minimum["y"] if v is not None) == 4.0
+    assert min(v for v in decode["y"] if v is not None) == 0.0  # the stall stays visible
+
+
+def test_kv_pools_are_steps_rebuilt_from_ledger_changes(node, now):
+    gemma, neighbour = _engine(node, "gemma"), _engine(node, "neighbour")
+    node.ledger = {"engines": [{"engine_id": gemma.pk}, {"engine_id": neighbour.pk}]}
+    node.save()
+    appeared, grew = now - timedelta(minutes=40), now - timedelta(minutes=10)
+    LedgerChange.objects.create(node=node, engine=neighbour, label="neighbour's KV pool",
+                                component=f"engine:{neighbour.pk}:kv_pool", at=appeared,
+                                before_bytes=0, after_bytes=8 * GIB)
+    LedgerChange.objects.create(node=node, engine=neighbour, label="neighbour's KV pool",
+                                component=f"engine:{neighbour.pk}:kv_pool", at=grew,
+                                before_bytes=8 * GIB, after_bytes=24 * GIB)
+    LedgerChange.objects.create(node=node, engine=gemma, label="gemma's KV pool",
+                                component=f"engine:{gemma.pk}:kv_pool",
+                                at=now - timedelta(hours=3), before_bytes=0, after_bytes=20 * GIB)
+
+    data = timeline(node, "1h", now, 2000, 5.0)
+
+    pool = _series(data, "neighbour:kv_pool")
+    assert pool["exactness"] == "stepwise" and pool["panel"] == "ledger"
+    # Unknown before SparkOps first saw it (no point at the range start), 8 then 24 GiB up to now.
+    assert _pairs(pool) == [(appeared.isoformat(), 8.0), (grew.isoformat(), 24.0),
+                            (now.isoformat(), 24.0)]
+    # A pool that last changed before the range holds that size from the range's start.
+    assert _pairs(_series(data, "gemma:kv_pool")) == [
+        ((now - timedelta(hours=1)).isoformat(), 20.0), (now.isoformat(), 20.0)]
+
+
+def test_a_gone_engines_pool_ends_when_it_was_last_seen(node, now):
+    gone = _engine(node, "old")
+    gone.present, gone.last_seen = False, now - timedelta(minutes=5)
+    gone.save()
+    LedgerChange.objects.create(node=node, engine=gone, label="old's KV pool",
+                                component=f"engine:{gone.pk}:kv_pool",
+                                at=now - timedelta(minutes=30), before_bytes=0,
+                                after_bytes=4 * GIB)
+
+    data = timeline(node, "1h", now, 2000, 5.0)
+
+    assert _series(data, "old:kv_pool")["x"][-1] == (now - timedelta(minutes=5)).isoformat()
+
+
+def test_other_processes_that_moved_are_drawn_as_steps(node, now):
+    node.ledger = {"processes": [{"name": "postgres", "rss_bytes": 6 * GIB, "count": 4}]}
+    node.save()
+    moved = now - timedelta(minutes=20)
+    LedgerChange.objects.create(node=node, component="process:postgres", label="process postgres",
+                                at=moved, before_bytes=2 * GIB, after_bytes=6 * GIB)
+
+    data = timeline(node, "1h", now, 2000, 5.0)
+
+    process = _series(data, "process:postgres")
+    assert process["label"] == "process postgres" and process["exactness"] == "stepwise"
+    assert _pairs(process) == [((now - timedelta(hours=1)).isoformat(), 2.0),
+                               (moved.isoformat(), 6.0), (now.isoformat(), 6.0)]
+
+
+def test_engine_holdings_prefer_nvml_and_rates_are_per_engine(node, now):
+    gemma = _engine(node, "gemma")
+    at = now - timedelta(seconds=30)
+    EngineSample.objects.bulk_create([
+        EngineSample(engine=gemma, metric=EngineMetric.GPU_MEMORY, at=at, value=40 * GIB),
+        EngineSample(engine=gemma, metric=EngineMetric.CONTAINER_MEMORY, at=at, value=2 * GIB),
+        EngineSample(engine=gemma, metric=EngineMetric.KV_CACHE_USAGE, at=at, value=0.25),
+        EngineSample(engine=gemma, metric=EngineMetric.PREFILL_TPS, at=at, value=2383.0),
+        EngineSample(engine=gemma, metric=EngineMetric.DECODE_TPS, at=at, value=None),
+    ])
+
+    data = timeline(node, "1h", now, 2000, 5.0)
+
+    holds = _series(data, "gemma:holds")
+    assert holds["label"] == "gemma holds (NVML per-process)" and holds["y"] == [40.0]
+    assert _series(data, "gemma:kv_usage")["y"] == [25.0]  # percent
+    assert _series(data, "gemma:prefill_tps")["y"] == [2383.0]
+    assert _series(data, "gemma:decode_tps")["y"] == [None]  # unknown stays unknown
+    assert data["engines"] == ["gemma"]
+
+
+def test_markers_tell_restarts_alerts_phase_changes_and_stalls(node, now):
+    gemma = _engine(node, "gemma")
+    began = now - timedelta(minutes=50)
+    Restart.objects.create(node=node, engine=gemma, kind="planned", status="succeeded",
+                           started_at=began, finished_at=began + timedelta(minutes=9),
+                           startup_seconds=480, reason="new weights")
+    Restart.objects.create(node=node, engine=gemma, kind="unplanned", status="detected",
+                           requested_at=now - timedelta(minutes=20),
+                           started_at=now - timedelta(minutes=20), reason="exited")
+    Restart.objects.create(node=node, engine=gemma, kind="planned", status="cancelled",
+                           requested_at=now - timedelta(minutes=5),
+                           finished_at=now - timedelta(minutes=4))
+    Alert.objects.create(rule="prefill-squeeze", node=node, engine=gemma, scope="s1",
+                         state="resolved", severity="critical", summary="gemma may not fit",
+                         threshold=4.0, started_at=now - timedelta(minutes=31),
+                         fired_at=now - timedelta(minutes=30),
+                         resolved_at=now - timedelta(minutes=15),
+                         last_evaluated_at=now - timedelta(minutes=15))
+    Event.objects.create(node=node, engine=gemma, at=now - timedelta(minutes=41),
+                         kind="phase-change", message="gemma: loading → ready")
+    Event.objects.create(node=node, engine=gemma, at=now - timedelta(minutes=12),
+                         kind="prefill-stall", severity="warning",
+                         message="gemma: decode stalled for 83 s while a long prompt prefilled")
+    Event.objects.create(node=node, engine=gemma, at=now - timedelta(minutes=11),
+                         kind="scrape-failed", message="noise")
+
+    markers = timeline(node, "1h", now, 2000, 5.0)["markers"]
+
+    kinds = [m["kind"] for m in markers]
+    assert kinds == ["restart-planned", "phase-change", "alert-fired", "restart-unplanned",
+                     "alert-resolved", "prefill-stall"]
+    planned = markers[0]
+    assert planned["until"] == (began + timedelta(minutes=9)).isoformat()
+    assert "ready after 8.0 min" in planned["text"] and "new weights" in planned["text"]
+    assert markers[2]["lane"] == "alerts" and "gemma may not fit" in markers[2]["text"]
+    assert "stalled for 83 s" in markers[5]["text"]
+
+
+def test_long_ranges_read_rollups_and_bucket_engine_samples(node, now):
+    minute = now.replace(second=0) - timedelta(days=2)
+    Rollup.objects.create(node=node, metric=Metric.MEM_AVAILABLE, minute=minute,
+                          min=2 * GIB, max=9 * GIB, mean=5 * GIB, count=12)
+    gemma = _engine(node, "gemma")
+    EngineSample.objects.bulk_create([
+        EngineSample(engine=gemma, metric=EngineMetric.DECODE_TPS,
+                     at=minute + timedelta(seconds=5 * i), value=value)
+        for i, value in enumerate([40.0, 2.0, 41.0, 39.0])
+    ])
+
+    data = timeline(node, "7d", now, 2000, 5.0)
+
+    assert data["source"] == "rollup"
+    assert _series(data, "mem_available")["y"] == [2.0, 9.0]
+    assert _series(data, "gemma:decode_tps")["y"] == [2.0, 41.0]  # the minute's min and max
+
+
+def test_timeline_json_needs_login_and_a_known_range(admin_client, node):
+    assert Client().get("/api/nodes/spark-a/timeline.json").status_code == 302
+    assert admin_client.get("/api/nodes/spark-a/timeline.json?range=2h").status_code == 400
+    assert admin_client.get("/api/nodes/nope/timeline.json").status_code == 404
+
+    data = admin_client.get("/api/nodes/spark-a/timeline.json?range=6h").json()
+
+    assert data["range"] == "6h" and data["source"] == "raw" and data["max_points"] == 2000
