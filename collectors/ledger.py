@@ -184,9 +184,10 @@ def record_changes(node: Node, ledger: Ledger, now: datetime) -> list[LedgerChan
         if before is None:
             baseline[key] = size
             if key.endswith(":kv_pool") or key.endswith(":non_kv"):
-                # A new engine's pool appearing is itself a change: the room it took.
+                # A new engine's pool appearing is itself a change: the room it took. "Before"
+                # is unknown (NULL): it did not exist.
                 changes.append(LedgerChange(node=node, engine_id=engine_id, component=key,
-                                            label=label, at=now, before_bytes=0,
+                                            label=label, at=now, before_bytes=None,
                                             after_bytes=size))
             continue
         if abs(size - before) >= threshold:

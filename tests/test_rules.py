@@ -180,3 +180,25 @@ def test_a_prefill_stall_that_ends_is_an_event_with_its_duration(node):
     assert alert.state == "resolved"
     event = Event.objects.get(kind="prefill-stall")
     assert event.engine == engine and "stalled for 83 s" in event.message
+
+
+def test_causes_are_net_growth_per_component_not_the_biggest_single_step(node):
+    from collectors.models import LedgerChange
+
+    at_risk = _engine(node, "gemma", 8.0)
+    neighbour = _engine(node, "nemotron", 8.0)
+    rows = [  # weights loading in steps (non-KV), then the pool: 8 → 24 GiB
+        ("engine:2:non_kv", "nemotron's non-KV memory", 0, 6), ("engine:2:non_kv",
+         "nemotron's non-KV memory", 6, 12), ("engine:2:kv_pool", "nemotron's KV pool", 8, 24),
+        ("page_cache", "page cache", 4, 9), ("page_cache", "page cache", 9, 4),
+    ]
+    for i, (component, label, before, after) in enumerate(rows):
+        LedgerChange.objects.create(node=node, engine=neighbour if "engine" in component else None,
+                                    component=component, label=label,
+                                    at=T0 + timedelta(seconds=i), before_bytes=before * GIB,
+                                    after_bytes=after * GIB)
+
+    causes = rules._causes(node, at_risk, T0 + timedelta(minutes=1), 30)
+
+    assert [(c["label"], c["growth_bytes"]) for c in causes] == [
+        ("nemotron's KV pool", 16 * GIB), ("nemotron's non-KV memory", 12 * GIB)]

@@ -74,24 +74,43 @@ def prefill_squeeze(node: Node, ledger: dict, engines: list[Engine], t: dict[str
 
 
 def _causes(node: Node, engine: Engine, now: datetime, lookback_minutes: float) -> list[dict]:
-    """Ledger growth in the look-back window, largest first, excluding the engine at risk."""
+    """Net ledger growth per component in the look-back window, largest first, excluding the
+    engine at risk.
+
+    Netting matters: a neighbour that is recreated shows its non-KV memory climbing step by step
+    while its weights load; several small steps must not outrank one real move, and a component
+    that went up and back down took no room.
+    """
     changes = LedgerChange.objects.filter(
         node=node, at__gte=now - timedelta(minutes=lookback_minutes), at__lte=now
-    ).exclude(engine=engine)
-    grown = sorted((c for c in changes if c.growth_bytes > 0), key=lambda c: -c.growth_bytes)
-    return [
-        {
-            "component": c.component,
-            "label": c.label,
-            "before_bytes": c.before_bytes,
-            "after_bytes": c.after_bytes,
-            "growth_bytes": c.growth_bytes,
-            "at": c.at.isoformat(),
-            "text": f"{c.label} went {_gib(c.before_bytes or 0):.2f} → "
-                    f"{_gib(c.after_bytes or 0):.2f} GiB at {c.at:%H:%M:%S} UTC",
-        }
-        for c in grown[:3]
-    ]
+    ).exclude(engine=engine).order_by("at")
+    net: dict[str, dict] = {}
+    for change in changes:
+        entry = net.setdefault(change.component, {"first": change, "last": change})
+        entry["last"] = change
+    causes = []
+    for component, entry in net.items():
+        first, last = entry["first"], entry["last"]
+        appeared = first.before_bytes is None
+        # A component that appeared and then moved is told by its move ("8 → 24 GiB"); one that
+        # only appeared took all of its size.
+        before = (first.after_bytes if first is not last else 0) if appeared \
+            else first.before_bytes
+        after = last.after_bytes or 0
+        if after <= (before or 0):
+            continue
+        text = (f"{last.label} appeared with {_gib(after):.2f} GiB" if appeared and first is last
+                else f"{last.label} went {_gib(before or 0):.2f} → {_gib(after):.2f} GiB")
+        causes.append({
+            "component": component,
+            "label": last.label,
+            "before_bytes": before,
+            "after_bytes": after,
+            "growth_bytes": after - (before or 0),
+            "at": last.at.isoformat(),
+            "text": f"{text} at {last.at:%H:%M:%S} UTC",
+        })
+    return sorted(causes, key=lambda cause: -cause["growth_bytes"])[:3]
 
 
 def headroom_floor(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],

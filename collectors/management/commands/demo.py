@@ -1,0 +1,614 @@
+"""``bin/sparkops demo``: SparkOps with emulated engines replaying the seeds' story, scaled.
+
+The command starts a private Podman Docker-API service, runs the story's two engines (a
+Gemma-like and a Nemotron-like vLLM, see ``collectors.demo``) as real containers, runs the stack
+(web, worker, beat) on the demo's own data directory, and then tells the story on a timer,
+printing each act as it happens:
+
+0. **steady**: both engines serve their traffic; SparkOps learns their memory and speeds.
+1. **squeeze**: the neighbour (nemotron) is recreated with its KV pool 8 → 24 GiB (scaled), so
+   gemma's next prefill no longer fits: with the rule's margin fitted to this machine's headroom
+   (:func:`squeeze_margin`), a ``prefill-squeeze`` alert fires for gemma; later the neighbour
+   goes back to 8 GiB and the alert resolves.
+2. **document**: a 48,508-token document stalls gemma's other requests while it prefills.
+3. **restart**: a planned restart of gemma, now, carried out by the stack's worker.
+
+Ctrl-C stops the stack, removes the containers and stops the Podman service. ``--speed``
+compresses the story's pauses and the engines' emulated start-up; the engines' speeds and the
+alert rules' timings stay real.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
+
+from collectors.demo import (
+    DOCUMENT_TOKENS,
+    ENGINES,
+    GEMMA,
+    GIB,
+    INSTALL_HINT,
+    MIB,
+    NEIGHBOUR_GROWN_KV_GIB,
+    NEMOTRON,
+    Containers,
+    DemoError,
+    EngineSpec,
+    PodmanService,
+    Scale,
+    change_fraction_for,
+    choose_scale,
+    complete,
+    engine_command,
+    engine_labels,
+    healthy,
+    missing_programs,
+    story_peak_gib,
+)
+from collectors.meminfo import parse_meminfo
+from collectors.models import Engine, Node
+from collectors.nodes import local_node, local_procfs
+from dashboard.alerting.models import Alert, RuleSetting
+from dashboard.alerting.settings import rule_defaults
+from dashboard.restarts.models import Restart
+from dashboard.restarts.planning import PlanRefused, clock, plan_restart
+
+ACTS = ("squeeze", "document", "restart")
+SQUEEZE_RULE = "prefill-squeeze"
+STALL_RULE = "prefill-stall"
+# The story's pauses at speed 1, in seconds: a few minutes per act.
+STEADY_SECONDS = 120.0
+SQUEEZE_SECONDS = 180.0
+REVERT_SECONDS = 120.0
+DOCUMENT_SECONDS = 120.0
+AFTER_RESTART_SECONDS = 60.0
+# Waits for SparkOps itself are real time whatever the speed: a collection every few seconds, a
+# rule's "for", a restart's drain and start-up.
+ENGINE_READY_SECONDS = 120.0
+DISCOVERY_SECONDS = 120.0
+ALERT_SECONDS = 120.0
+RESTART_SECONDS = 30 * 60.0
+# The margin is calibrated from the median headroom of this many collections.
+CALIBRATION_SAMPLES = 3
+# The squeeze act's cause look-back: the alert fires within about a minute of the growth.
+CAUSE_LOOKBACK_MINUTES = 2.0
+
+
+class StoryInterrupted(Exception):
+    """The story stops: Ctrl-C, or the stack exited (``failed``)."""
+
+    def __init__(self, reason: str, *, failed: bool = False) -> None:
+        super().__init__(reason)
+        self.failed = failed
+
+
+class Pacer(Protocol):
+    """Lets story time pass while SparkOps collects (the real stack, or a test's cycles)."""
+
+    def pause(self, seconds: float) -> None: ...
+
+
+class StackPacer:
+    """Sleeps while the stack collects; raises :class:`StoryInterrupted` on Ctrl-C or when the
+    stack exited."""
+
+    def __init__(self, stop: threading.Event, stack: subprocess.Popen[bytes] | None) -> None:
+        self.stop, self.stack = stop, stack
+
+    def pause(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while True:
+            if self.stop.is_set():
+                raise StoryInterrupted("stopped (Ctrl-C)")
+            if self.stack is not None and self.stack.poll() is not None:
+                raise StoryInterrupted(f"the stack exited with status {self.stack.returncode}",
+                                       failed=True)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self.stop.wait(min(0.5, remaining))
+
+
+def _gib(value: float | None) -> str:
+    return "unknown" if value is None else f"{value / GIB:.2f} GiB"
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now (the engines use host networking)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Story:
+    """The seeds' story, act by act, on one node, told through ``say``.
+
+    ``containers`` creates the engine containers (on the storage the node's container engine
+    API serves); ``pace`` lets time pass while SparkOps collects. Waits for SparkOps return
+    False after their timeout and the story goes on: a demo never stops on a late alert.
+    """
+
+    def __init__(self, *, node: Node, containers: Containers, scale: Scale, speed: float,
+                 pace: Pacer, say: Callable[[str], None],
+                 ports: dict[str, int] | None = None,
+                 alert_seconds: float = ALERT_SECONDS) -> None:
+        self.node_id = node.pk
+        self.containers = containers
+        self.scale = scale
+        self.speed = speed
+        self.pace = pace
+        self.say = say
+        self.ports = ports or {spec.name: free_port() for spec in ENGINES}
+        self.alert_seconds = alert_seconds
+
+    # --- helpers ---------------------------------------------------------------------------
+    def story_seconds(self, seconds_at_speed_1: float) -> float:
+        """A pause of the story at this speed."""
+        return seconds_at_speed_1 / self.speed
+
+    def until(self, condition: Callable[[], bool], timeout: float) -> bool:
+        """Let time pass until ``condition()`` holds (True) or ``timeout`` seconds went (False)."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                return False
+            self.pace.pause(1.0)
+        return True
+
+    def rest_of(self, started: float, seconds_at_speed_1: float) -> None:
+        """Pause for what is left of an act that began at ``started`` (monotonic)."""
+        left = self.story_seconds(seconds_at_speed_1) - (time.monotonic() - started)
+        if left > 0:
+            self.pace.pause(left)
+
+    @property
+    def node(self) -> Node:
+        """The node, as the stack last wrote it (ledger included)."""
+        return Node.objects.get(pk=self.node_id)
+
+    def engine(self, spec: EngineSpec) -> Engine | None:
+        """SparkOps' row for ``spec``'s engine, once discovered."""
+        return Engine.objects.filter(node_id=self.node_id, name=spec.name).first()
+
+    def share(self, spec: EngineSpec) -> dict[str, Any] | None:
+        """``spec``'s part of the node's latest ledger."""
+        return next((s for s in (self.node.ledger or {}).get("engines", [])
+                     if s.get("name") == spec.name), None)
+
+    # --- engines ---------------------------------------------------------------------------
+    def start_engine(self, spec: EngineSpec, kv_gib: float | None = None) -> bool:
+        """Run ``spec``'s container and wait until it is ready (``/health``); ready in time?"""
+        port = self.ports[spec.name]
+        self.containers.run(spec.name,
+                            engine_command(spec, self.scale, port=port, speed=self.speed,
+                                           kv_gib=kv_gib),
+                            engine_labels(spec, self.scale))
+        ready = self.until(lambda: healthy(port), ENGINE_READY_SECONDS)
+        if not ready:
+            self.say(f"{spec.name} did not answer /health within {ENGINE_READY_SECONDS:.0f} s; "
+                     f"see its log on its engine page")
+        return ready
+
+    def launch(self) -> None:
+        """Start both engines one after the other: two engines starting together break each
+        other's memory profiling, so the second starts once the first is ready."""
+        for spec in ENGINES:
+            self.say(f"Starting {spec.name} ({spec.model}): weights {spec.weights_gib:g} GiB, "
+                     f"KV pool {spec.kv_gib:g} GiB, prefill buffer {spec.prefill_gib:g} GiB "
+                     f"(8,192 tokens) on a GB10 — {self.scale.bytes(spec.weights_gib) / MIB:.0f}"
+                     f" + {self.scale.bytes(spec.kv_gib) / MIB:.0f} + "
+                     f"{self.scale.bytes(spec.prefill_gib) / MIB:.0f} MiB here; port "
+                     f"{self.ports[spec.name]}")
+            self.start_engine(spec)
+
+    def engines_known(self) -> bool:
+        """Both engines discovered, ready, and in the ledger with their KV pools."""
+        for spec in ENGINES:
+            engine = self.engine(spec)
+            share = self.share(spec)
+            if engine is None or not engine.present or engine.phase != "ready" or not share \
+                    or not share.get("kv_pool"):
+                return False
+        return True
+
+    def wait_for_engines(self) -> bool:
+        """Wait until SparkOps knows both engines (see :meth:`engines_known`); in time?"""
+        found = self.until(self.engines_known, DISCOVERY_SECONDS)
+        if found:
+            self.say("SparkOps found both engines through the Docker Engine API (labels "
+                     "sparkops.engine=vllm, sparkops.manage=true): see the overview.")
+        else:
+            self.say(f"SparkOps did not see both engines ready within {DISCOVERY_SECONDS:.0f} s;"
+                     " the overview says why (discovery error, engine phase).")
+        return found
+
+    # --- acts ------------------------------------------------------------------------------
+    def act_steady(self) -> None:
+        """Both engines serve while SparkOps learns their memory, speeds and prefill needs."""
+        self.say(f"Act 0 — steady: gemma serves light steady traffic (decode ~{GEMMA.decode_tps:g}"
+                 f" tok/s per stream, prefill ~{GEMMA.prefill_tps:,.0f} tok/s), nemotron a little"
+                 f" (~{NEMOTRON.decode_tps:g} / ~{NEMOTRON.prefill_tps:,.0f} tok/s). Both really "
+                 "hold their (scaled) memory: see the ledger and the engine pages.")
+        self.pace.pause(self.story_seconds(STEADY_SECONDS))
+
+    def calibrate_squeeze(self) -> float | None:
+        """Set the prefill-squeeze margin so that the scaled growth crosses it; the margin (GiB).
+
+        On the GB10 the 16 GiB growth took headroom 30 → 14 GiB: below gemma's 14 GiB need plus
+        the default 2 GiB margin, while the neighbour's own 8 GiB need still fitted. This
+        machine's headroom is whatever it is, so the margin is fitted to it (see
+        :func:`squeeze_margin`).
+        """
+        samples: list[int] = []
+        seen: set[str] = set()
+
+        def sampled() -> bool:
+            ledger = self.node.ledger or {}
+            if ledger.get("at") not in seen and ledger.get("headroom") is not None:
+                seen.add(ledger["at"])
+                samples.append(ledger["headroom"])
+            return len(samples) >= CALIBRATION_SAMPLES
+
+        sampled_in_time = self.until(sampled, self.alert_seconds)
+        at_risk, neighbour = self.share(GEMMA), self.share(NEMOTRON)
+        if not sampled_in_time or not at_risk or not at_risk.get("prefill_need"):
+            self.say("Could not calibrate the prefill-squeeze rule (no headroom or prefill need "
+                     "in the ledger yet); the squeeze act may not raise an alert.")
+            return None
+        headroom = int(statistics.median(samples))
+        need = at_risk["prefill_need"]
+        neighbour_need = (neighbour or {}).get("prefill_need") or 0
+        growth = self.scale.neighbour_growth_bytes
+        margin, hysteresis = squeeze_margin(headroom, need, neighbour_need, growth)
+        margin_gib, hysteresis_gib = round(margin / GIB, 3), round(hysteresis / GIB, 3)
+        setting, _ = RuleSetting.objects.get_or_create(rule=SQUEEZE_RULE)
+        # Causes are looked for only since just before this act, so that the engines' first
+        # start (and an earlier demo run) are not named as what squeezed gemma now.
+        setting.thresholds = {**(setting.thresholds or {}), "margin_gib": margin_gib,
+                              "hysteresis_gib": hysteresis_gib,
+                              "lookback_minutes": CAUSE_LOOKBACK_MINUTES}
+        setting.updated_at = timezone.now()
+        setting.save(update_fields=["thresholds", "updated_at"])
+        default = rule_defaults(SQUEEZE_RULE).threshold_spec("margin_gib").default
+        self.say(
+            "Calibrated the prefill-squeeze rule (Rules page). On the GB10 of the story headroom "
+            f"fell 30 → 14 GiB: minus the default {default:g} GiB margin, below gemma's "
+            f"{GEMMA.prefill_gib:g} GiB prefill need, while nemotron's {NEMOTRON.prefill_gib:g} "
+            f"GiB still fitted. This machine has {_gib(headroom)} of headroom (median of "
+            f"{len(samples)} collections), gemma needs {_gib(need)} "
+            f"({at_risk.get('prefill_need_source')}), nemotron {_gib(neighbour_need)}, and the "
+            f"neighbour will grow by {_gib(growth)}: with the margin at {margin_gib:.3f} GiB "
+            f"(hysteresis {hysteresis_gib:.3f} GiB) the scaled growth does the same here. "
+            f"Causes are looked for in the last {CAUSE_LOOKBACK_MINUTES:g} minutes.")
+        return margin_gib
+
+    def _open_squeeze(self) -> Alert | None:
+        """gemma's firing prefill-squeeze alert, if any."""
+        engine = self.engine(GEMMA)
+        return Alert.objects.filter(rule=SQUEEZE_RULE, engine=engine, state="firing").first() \
+            if engine else None
+
+    def act_squeeze(self) -> Alert | None:
+        """The neighbour grows, gemma's prefill is squeezed, and back; the alert, if it fired."""
+        started = time.monotonic()
+        before = self.scale.bytes(NEMOTRON.kv_gib)
+        after = self.scale.bytes(NEIGHBOUR_GROWN_KV_GIB)
+        self.say(f"Act 1 — the neighbour grows: nemotron is recreated by its owner with "
+                 f"--kv-cache-memory-bytes for {NEIGHBOUR_GROWN_KV_GIB:g} GiB instead of "
+                 f"{NEMOTRON.kv_gib:g} ({before / MIB:.0f} → {after / MIB:.0f} MiB here). KV pools"
+                 " are reserved at start, so the host's headroom falls for good and gemma's next "
+                 "prefill buffer no longer fits. SparkOps did not plan this "
+                 "restart: it records it as unplanned.")
+        self.containers.remove(NEMOTRON.name)
+        self.start_engine(NEMOTRON, kv_gib=NEIGHBOUR_GROWN_KV_GIB)
+        fired = self.until(lambda: self._open_squeeze() is not None, self.alert_seconds)
+        alert = self._open_squeeze()
+        if fired and alert is not None:
+            self.say(f"prefill-squeeze FIRING for gemma (Alerts page): {alert.summary}")
+        else:
+            self.say(f"No prefill-squeeze alert within {self.alert_seconds:.0f} s: this machine's "
+                     "headroom moved by something else meanwhile (see the ledger).")
+        self.rest_of(started, SQUEEZE_SECONDS)
+
+        started = time.monotonic()
+        self.say(f"Act 1, later — the neighbour goes back: nemotron recreated with its "
+                 f"{NEMOTRON.kv_gib:g} GiB pool ({before / MIB:.0f} MiB here); the headroom "
+                 "returns and the alert resolves once it is back past the hysteresis.")
+        self.containers.remove(NEMOTRON.name)
+        self.start_engine(NEMOTRON)
+        if alert is not None:
+            pk = alert.pk
+            resolved = self.until(
+                lambda: Alert.objects.filter(pk=pk, state="resolved").exists(),
+                self.alert_seconds)
+            self.say("prefill-squeeze resolved." if resolved else
+                     f"prefill-squeeze still open after {self.alert_seconds:.0f} s.")
+        self.rest_of(started, REVERT_SECONDS)
+        return alert
+
+    def act_document(self) -> float | None:
+        """A long document stalls gemma; how long its answer took (None: it failed)."""
+        started, began_at = time.monotonic(), timezone.now()
+        seconds = DOCUMENT_TOKENS / GEMMA.prefill_tps
+        self.say(f"Act 2 — a long document: someone pastes a {DOCUMENT_TOKENS:,}-token document "
+                 f"into gemma (POST /v1/completions, sparkops_prompt_tokens={DOCUMENT_TOKENS}). "
+                 "vLLM V1 has no concurrent partial prefill, so everyone else on gemma waits: "
+                 f"~{seconds:.0f} s here at a constant {GEMMA.prefill_tps:,.0f} tok/s (83 s on "
+                 "the GB10, where prefill slows as the context grows; the emulator does not "
+                 "model that).")
+        result: dict[str, Any] = {}
+
+        def post() -> None:
+            t0 = time.monotonic()
+            try:
+                complete(self.ports[GEMMA.name], GEMMA.name, DOCUMENT_TOKENS)
+                result["seconds"] = time.monotonic() - t0
+            except OSError as error:  # URLError is an OSError
+                result["error"] = str(error)
+
+        thread = threading.Thread(target=post, name="demo-document", daemon=True)
+        thread.start()
+        self.until(lambda: not thread.is_alive(), seconds + self.alert_seconds)
+        if "seconds" in result:
+            self.say(f"The document was answered after {result['seconds']:.0f} s.")
+        else:
+            self.say(f"The document was not answered: {result.get('error', 'still running')}")
+        engine = self.engine(GEMMA)
+        stall = self.until(lambda: Alert.objects.filter(
+            rule=STALL_RULE, engine=engine, fired_at__isnull=False,
+            started_at__gte=began_at).exists(), 30)
+        if stall:
+            alert = Alert.objects.filter(rule=STALL_RULE, engine=engine).first()
+            self.say(f"prefill-stall (Alerts page; the stall is kept on gemma's timeline): "
+                     f"{alert.summary if alert else ''}")
+        self.rest_of(started, DOCUMENT_SECONDS)
+        return result.get("seconds")
+
+    def act_restart(self) -> Restart | None:
+        """A planned restart of gemma, now, run by the node's worker; the restart."""
+        started = time.monotonic()
+        engine = self.engine(GEMMA)
+        user = get_user_model().objects.filter(is_superuser=True, is_active=True) \
+            .order_by("pk").first()
+        if engine is None or user is None:
+            self.say("Act 3 skipped: no gemma engine or no admin account.")
+            return None
+        try:
+            restart = plan_restart(engine, user=user, now=timezone.now(),
+                                   reason="Demo: planned restart of gemma (about ten minutes on "
+                                          "a GB10; the emulator starts faster)")
+        except PlanRefused as refused:
+            self.say(f"Act 3 — the planned restart of gemma was refused: {refused.reason}")
+            return None
+        back_by = clock(restart.expected_back_by or timezone.now(), settings.TIME_ZONE,
+                        round_up=True)
+        self.say(f"Act 3 — a planned restart of gemma, now (Restarts page): expected outage "
+                 f"{restart.expected_drain_seconds} s drain + {restart.expected_startup_seconds} "
+                 f"s start-up, back by {back_by} ({settings.TIME_ZONE}). The node's worker runs "
+                 "the runbook: pre-check, drain, stop, drop the page cache, re-check, start, "
+                 "follow the start-up.")
+        reported: set[int] = set()
+
+        def finished() -> bool:
+            for step in restart.steps.filter(finished_at__isnull=False).exclude(pk__in=reported):
+                reported.add(step.pk)
+                mark = "ok" if step.ok else ("failed" if step.ok is False else "done")
+                self.say(f"  restart step {step.step}: {mark} — {step.message}")
+            restart.refresh_from_db()
+            return restart.status not in (Restart.Status.SCHEDULED, Restart.Status.RUNNING)
+
+        if self.until(finished, RESTART_SECONDS):
+            measured = (f"; measured start-up {restart.startup_seconds:.0f} s"
+                        if restart.startup_seconds else "")
+            self.say(f"Restart {restart.status}: {restart.outcome.rstrip('.')}{measured}.")
+        else:
+            self.say(f"The restart is still {restart.status} after {RESTART_SECONDS / 60:.0f} "
+                     "min; follow it on the Restarts page.")
+        self.rest_of(started, AFTER_RESTART_SECONDS)
+        return restart
+
+    def tell(self, acts: Iterable[str]) -> None:
+        """Launch the engines, wait for SparkOps to see them, and play ``acts`` in order."""
+        chosen = [act for act in ACTS if act in set(acts)]
+        self.launch()
+        self.wait_for_engines()
+        self.act_steady()
+        for act in chosen:
+            if act == "squeeze":
+                self.calibrate_squeeze()
+                self.act_squeeze()
+            elif act == "document":
+                self.act_document()
+            elif act == "restart":
+                self.act_restart()
+
+
+def squeeze_margin(headroom: int, need: int, neighbour_need: int,
+                   growth: int) -> tuple[int, int]:
+    """``(margin, hysteresis)`` in bytes for the prefill-squeeze rule on this machine.
+
+    The rule fires for an engine when headroom − margin < its prefill need. Before the growth
+    ``headroom − margin`` must clear the need of the engine at risk; after it (``growth`` less)
+    it must fall below that need but still clear the neighbour's own, smaller need, as on the
+    GB10. The margin puts ``headroom − margin − growth`` halfway between the two needs, so
+    either side has the same room against the machine's own noise. The hysteresis is a quarter
+    of the growth: the alert resolves only once the neighbour really shrank back.
+    """
+    room = min(max(need - neighbour_need, 0), growth)
+    # Without room between the two needs both are squeezed; then half the growth either side.
+    gap = growth - room / 2 if room > 0 else growth / 2
+    return max(int(headroom - need - gap), 0), growth // 4
+
+
+def reset_squeeze_calibration() -> None:
+    """Drop a previous demo's calibration: it was fitted to that run's free memory."""
+    setting = RuleSetting.objects.filter(rule=SQUEEZE_RULE).first()
+    if setting and setting.thresholds:
+        setting.thresholds = {k: v for k, v in setting.thresholds.items()
+                              if k not in ("margin_gib", "hysteresis_gib", "lookback_minutes")}
+        setting.save(update_fields=["thresholds"])
+
+
+def parse_acts(text: str) -> list[str]:
+    """``"all"`` or a comma-separated subset of :data:`ACTS`."""
+    if text.strip() == "all":
+        return list(ACTS)
+    acts = [a.strip() for a in text.split(",") if a.strip()]
+    unknown = [a for a in acts if a not in ACTS]
+    if unknown:
+        raise CommandError(f"--acts: unknown act {', '.join(unknown)}; choose from "
+                           f"{', '.join(ACTS)} or all")
+    return acts
+
+
+class Command(BaseCommand):
+    help = ("Demo mode: emulated engines in real containers replay a scaled GB10 story while the "
+            "stack runs. Start it with `bin/sparkops demo`.")
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--speed", type=float, default=1.0,
+                            help="compress the story's pauses and the engines' start-up by this "
+                                 "factor (default 1: a few minutes per act)")
+        parser.add_argument("--acts", default="all",
+                            help=f"comma-separated acts to play: {', '.join(ACTS)} (default all)")
+        parser.add_argument("--mib-per-gib", type=int, default=None,
+                            help="MiB of real memory per GiB of the story (default: chosen from "
+                                 "MemAvailable, at most a quarter of it and 8 GiB in all)")
+        parser.add_argument("--bind", default=settings.SPARKOPS_BIND,
+                            help="address of the web server (SPARKOPS_BIND)")
+
+    def say(self, text: str) -> None:
+        self.stdout.write(f"[{datetime.now():%H:%M:%S}] {text}")
+        self.stdout.flush()
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if not settings.SPARKOPS_DEMO:
+            raise CommandError("demo mode runs only with SPARKOPS_DEMO=1 and a data directory of "
+                               "its own; start it with `bin/sparkops demo`")
+        missing = missing_programs()
+        if missing:
+            raise CommandError(
+                "demo mode runs the emulated engines as real containers and finds them through "
+                f"Podman's Docker-compatible API, but {' and '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not installed. Install with: "
+                f"{INSTALL_HINT}")
+        speed = options["speed"]
+        if not (math.isfinite(speed) and speed > 0):
+            raise CommandError("--speed must be a positive number")
+        acts = parse_acts(options["acts"])
+        info = parse_meminfo(local_procfs().meminfo())
+        mem_available, mem_total = info.get("MemAvailable"), info.get("MemTotal")
+        if not mem_available or not mem_total:
+            raise CommandError("cannot read MemAvailable and MemTotal from /proc/meminfo")
+        try:
+            scale = choose_scale(mem_available, options["mib_per_gib"])
+        except DemoError as error:
+            raise CommandError(str(error)) from None
+
+        node = local_node()
+        self.say("SparkOps demo — emulated engines replaying a scaled GB10 story; not real data.")
+        self.say(f"Data: {settings.DATA_DIR} (the demo's own; real data is never touched).")
+        self.say(f"Scale: {scale.describe()}. This machine has {mem_available / GIB:.1f} GiB "
+                 f"available; the story's peak ({story_peak_gib():g} GiB on a GB10) takes "
+                 f"{scale.peak_bytes / GIB:.2f} GiB here.")
+        self.say(f"Speed ×{speed:g}: the story's pauses and the engines' start-up are compressed;"
+                 " engine speeds and alert timings are real. Acts: steady, "
+                 f"{', '.join(a for a in ACTS if a in acts) or '(none)'}.")
+        fraction = change_fraction_for(scale, mem_total)
+        if fraction is not None:
+            # The stack inherits the environment: its ledger records the scaled growth as a
+            # change an alert can name as its cause.
+            os.environ["SPARKOPS_LEDGER_CHANGE_FRACTION"] = f"{fraction:.6f}"
+            self.say(f"Ledger change threshold lowered to {fraction:.4%} of MemTotal so that the "
+                     "neighbour's scaled growth is recorded as a cause.")
+        reset_squeeze_calibration()
+
+        # Planning a restart publishes to the file-system broker, which has no host name; kombu
+        # warns about that on every publish, which would interrupt the story's output.
+        logging.getLogger("kombu.connection").setLevel(logging.ERROR)
+        stop = threading.Event()
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        service = PodmanService(settings.DATA_DIR)
+        stack: subprocess.Popen[bytes] | None = None
+        log_path = settings.DATA_DIR / "demo-stack.log"
+        failed = False
+        try:
+            url = service.start()
+            os.environ["SPARKOPS_DOCKER_HOST"] = url
+            self.say(f"Podman's Docker API: {url} (SPARKOPS_DOCKER_HOST for the stack).")
+            stack = self.start_stack(options["bind"], log_path)
+            self.say(f"SparkOps is starting on http://{options['bind']}/ — {self.login_hint()} "
+                     f"Stack log: {log_path}. Ctrl-C stops the demo.")
+            story = Story(node=node, containers=service.containers, scale=scale, speed=speed,
+                          pace=StackPacer(stop, stack), say=self.say)
+            story.tell(acts)
+            self.say("The story is told. SparkOps keeps watching the two engines; Ctrl-C stops "
+                     "the demo.")
+            while True:
+                story.pace.pause(3600)
+        except StoryInterrupted as interrupted:
+            failed = interrupted.failed
+            self.say(f"Stopping: {interrupted}.")
+        except DemoError as error:
+            failed = True
+            self.stderr.write(f"demo: {error}")
+        finally:
+            self.say("Stopping the stack, removing the demo containers and the Podman service…")
+            self.stop_stack(stack)
+            service.stop()
+            self.say("Demo stopped; its data stays in the data directory for the next run.")
+        if failed:
+            if log_path.exists():
+                tail = log_path.read_text(errors="replace").splitlines()[-20:]
+                self.stderr.write("Last lines of the stack log:\n" + "\n".join(tail))
+            sys.exit(1)
+
+    @staticmethod
+    def login_hint() -> str:
+        user = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
+        name = user.get_username() if user else os.environ.get("SPARKOPS_ADMIN_USER", "admin")
+        path = Path(settings.DATA_DIR) / "admin-password"
+        where = f"its password is in {path}" if path.exists() \
+            else "its password is SPARKOPS_ADMIN_PASSWORD"
+        return f"log in as {name!r}; {where}."
+
+    @staticmethod
+    def start_stack(bind: str, log_path: Path) -> subprocess.Popen[bytes]:
+        """``manage.py runstack`` in its own session (Ctrl-C reaches the demo, which stops it in
+        order), its output in the data directory so the story stays readable."""
+        with log_path.open("ab") as log:
+            return subprocess.Popen(
+                [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "runstack",
+                 "--bind", bind],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+
+    @staticmethod
+    def stop_stack(stack: subprocess.Popen[bytes] | None) -> None:
+        if stack is None or stack.poll() is not None:
+            return
+        stack.terminate()  # runstack stops gunicorn, the worker and beat itself
+        try:
+            stack.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(stack.pid, signal.SIGKILL)
+            stack.wait(timeout=10)
