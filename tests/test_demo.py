@@ -177,7 +177,7 @@ def test_squeeze_act_discovers_engines_and_fires_the_alert(node, docker_host, se
     said: list[str] = []
     story = Story(node=node, containers=containers, scale=scale, speed=50, pace=Cycles(node, api),
                   say=said.append, ports={GEMMA.name: free_port(), NEMOTRON.name: free_port()},
-                  alert_seconds=20)
+                  alert_seconds=45)
     started = time.monotonic()
     try:
         story.launch()
