@@ -128,3 +128,15 @@ def test_gpu_panel_shows_not_supported_and_no_driver_as_states(admin_client, nod
     node.save()
     page = admin_client.get("/nodes/spark-a/").content.decode()
     assert "36 °C" in page and "1980 MHz" in page and "of 140.4" in page
+
+
+def test_an_admin_can_enable_management_of_an_engine(admin_client, engine):
+    page = admin_client.get("/admin/collectors/engine/")
+    assert page.status_code == 200 and "gemma" in page.content.decode()
+
+    response = admin_client.post(f"/admin/collectors/engine/{engine.pk}/change/",
+                                 {"managed": "on", "prefill_bytes_per_token": "65536"})
+
+    assert response.status_code == 302
+    engine.refresh_from_db()
+    assert engine.manageable and engine.prefill_bytes_per_token == 65536
