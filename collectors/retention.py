@@ -15,7 +15,18 @@ from django.db import transaction
 from django.db.models import Avg, Count, Max, Min
 from django.db.models.functions import TruncMinute
 
-from collectors.models import Collection, Metric, Node, Rollup, Sample
+from collectors.models import (
+    Collection,
+    Engine,
+    EngineMetric,
+    EngineSample,
+    Event,
+    LedgerChange,
+    Metric,
+    Node,
+    Rollup,
+    Sample,
+)
 
 # A minute is rolled up only once it is this far in the past: the interval minimum of a
 # collection is written a few seconds after the instant it belongs to.
@@ -104,7 +115,15 @@ def prune_node(node: Node, now: datetime, raw_days: float, rollup_days: float) -
     for metric in Metric.values:  # one (node, metric, at) index range per delete
         samples += Sample.objects.filter(node=node, metric=metric, at__lt=raw_cutoff).delete()[0]
     collections = Collection.objects.filter(node=node, at__lt=raw_cutoff).delete()[0]
-    rollups = Rollup.objects.filter(
-        node=node, minute__lt=now - timedelta(days=rollup_days)
-    ).delete()[0]
+    history_cutoff = now - timedelta(days=rollup_days)
+    rollups = Rollup.objects.filter(node=node, minute__lt=history_cutoff).delete()[0]
+    # Engine series have no roll-up yet: they are kept as long as raw host samples. Events and
+    # ledger changes (alert causes, timeline markers) are few and kept as long as roll-ups.
+    engine_cutoff = now - timedelta(days=raw_days)
+    for engine_id in Engine.objects.filter(node=node).values_list("pk", flat=True):
+        for metric in EngineMetric.values:  # one (engine, metric, at) index range per delete
+            samples += EngineSample.objects.filter(engine_id=engine_id, metric=metric,
+                                                   at__lt=engine_cutoff).delete()[0]
+    Event.objects.filter(node=node, at__lt=history_cutoff).delete()
+    LedgerChange.objects.filter(node=node, at__lt=history_cutoff).delete()
     return PruneResult(samples=samples, collections=collections, rollups=rollups)

@@ -77,3 +77,29 @@ def test_prune_never_drops_raw_samples_that_are_not_rolled_up(node):
     assert prune_node(node, now, raw_days=7, rollup_days=90).samples == 0
     rollup_node(node, now)  # catches up in bounded chunks
     assert Rollup.objects.filter(node=node).exists()
+
+
+def test_prune_removes_old_engine_samples_events_and_ledger_changes(node):
+    from collectors.models import Engine, EngineMetric, EngineSample, Event, LedgerChange
+
+    now = T0 + timedelta(days=100)
+    engine = Engine.objects.create(node=node, name="gemma", container_id="c" * 64,
+                                   container_state="running")
+    EngineSample.objects.bulk_create([
+        EngineSample(engine=engine, metric=EngineMetric.DECODE_TPS, at=now - timedelta(days=8),
+                     value=1.0),
+        EngineSample(engine=engine, metric=EngineMetric.DECODE_TPS, at=now - timedelta(days=1),
+                     value=2.0),
+    ])
+    Event.objects.create(node=node, at=now - timedelta(days=91), kind="k", message="old")
+    Event.objects.create(node=node, at=now - timedelta(days=89), kind="k", message="kept")
+    LedgerChange.objects.create(node=node, component="page_cache", label="page cache",
+                                at=now - timedelta(days=91), before_bytes=1, after_bytes=2)
+    node.rolled_up_until = now
+    node.save()
+
+    prune_node(node, now, raw_days=7, rollup_days=90)
+
+    assert list(EngineSample.objects.values_list("value", flat=True)) == [2.0]
+    assert list(Event.objects.values_list("message", flat=True)) == ["kept"]
+    assert not LedgerChange.objects.exists()
