@@ -1,0 +1,489 @@
+"""RESULTS.md from the phases' JSON: the headline table, then one section per benchmark.
+
+Every figure is shown as median (min–max, n); every target says plainly whether it was met. A
+phase that failed or did not run leaves its section with the reason instead of figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bench.stats import Summary
+
+CHART_TARGET_MS = 150
+CHART_POINTS = 2000
+FOOTPRINT_TARGET_MIB = 200
+ALERT_TARGET_S = 15
+CYCLE_TARGET_MS = 20
+WALL_BUDGET_S = 2.5  # "well within" the 5 s interval: half of it
+LINEAR_EXPONENT = 1.15  # log-log slope accepted as near-linear
+STORAGE_TARGET_MIB = 200
+
+
+def _s(data: dict | None) -> Summary | None:
+    return Summary.from_dict(data) if data else None
+
+
+def fmt(data: dict | None, unit: str = "", digits: int = 1, scale: float = 1.0) -> str:
+    """"12.3 ms (10.1–15.0, n=7)"; "—" when not measured."""
+    summary = _s(data)
+    if summary is None:
+        return "—"
+    space = " " if unit and unit != "%" else ""
+    median = f"{summary.median * scale:.{digits}f}{space}{unit}"
+    if summary.n == 1:
+        return f"{median} (n=1)"
+    return (f"{median} ({summary.min * scale:.{digits}f}–{summary.max * scale:.{digits}f}, "
+            f"n={summary.n})")
+
+
+def verdict(met: bool | None) -> str:
+    return "—" if met is None else ("**met**" if met else "**missed**")
+
+
+def ratio(a: float | None, b: float | None, digits: int = 1) -> str:
+    if a is None or b is None or b == 0:
+        return "—"
+    return f"{a / b:.{digits}f}×"
+
+
+def _median(data: dict | None) -> float | None:
+    return data["median"] if data else None
+
+
+def _phase(results: dict, name: str) -> tuple[dict | None, str | None]:
+    """(data, why missing) of a phase."""
+    entry = results["phases"].get(name)
+    if entry is None:
+        return None, "not run in this invocation (see `--only`)"
+    if not entry.get("ok"):
+        return None, f"the phase failed: {entry.get('error', 'no detail')}"
+    return entry["data"], None
+
+
+# --- headline -------------------------------------------------------------------------------
+
+
+def headline(results: dict) -> list[str]:
+    live, _ = _phase(results, "live")
+    cost, _ = _phase(results, "cost")
+    lines = ["## Headline", "",
+             "| Figure | SparkOps | Prometheus stack | Side by side | Target | |",
+             "|---|---|---|---|---|---|"]
+    if live:
+        stacks = live["footprint"]["stacks"]
+        sp, pr = stacks["sparkops"], stacks["prometheus"]
+        rss_sp, rss_pr = _median(sp["rss_mib"]), _median(pr["rss_mib"])
+        one_sp, one_pr = _median(sp.get("distinct_mib")), _median(pr.get("distinct_mib"))
+        lines.append(
+            f"| Memory, RSS sum after {live['minutes']:g} min, {live['engines']} engines | "
+            f"{rss_sp:.0f} MiB | {rss_pr:.0f} MiB | SparkOps = {ratio(rss_sp, rss_pr)} | "
+            f"≤ {FOOTPRINT_TARGET_MIB} MiB and ≤ the trio | "
+            f"{verdict(footprint_met(rss_sp, rss_pr))} |")
+        if one_sp is not None and one_pr is not None:
+            lines.append(
+                f"| Memory, distinct resident pages (shared pages once) | {one_sp:.0f} MiB | "
+                f"{one_pr:.0f} MiB | SparkOps = {ratio(one_sp, one_pr)} | (same) | "
+                f"{verdict(footprint_met(one_sp, one_pr))} |")
+        cpu_sp, cpu_pr = _median(sp["cpu_percent"]), _median(pr["cpu_percent"])
+        if cpu_sp is not None and cpu_pr is not None:
+            lines.append(f"| CPU while monitoring (% of one core) | {cpu_sp:.1f} % | "
+                         f"{cpu_pr:.1f} % | SparkOps = {ratio(cpu_sp, cpu_pr)} | — | |")
+        alerts = live["alerts"]
+        lat_sp = _median(alerts["sparkops"]["latency"])
+        lat_5 = _median(alerts["prom_5s"]["latency"])
+        lat_def = _median(alerts["prom_default"]["latency"])
+        lines.append(
+            f"| Alert latency, allocation → webhook (median) | "
+            f"{_num(lat_sp, 's')} | {_num(lat_def, 's')} at default timings; "
+            f"{_num(lat_5, 's')} at 5 s | Prometheus slower by {ratio(lat_def, lat_sp)} "
+            f"(defaults), {ratio(lat_5, lat_sp)} (5 s) | ≤ {ALERT_TARGET_S} s | "
+            f"{verdict(None if lat_sp is None else lat_sp <= ALERT_TARGET_S)} |")
+    if cost:
+        sizes = cost["sizes"]
+        if "4" in sizes:
+            at4 = _median(sizes["4"]["cycle_cpu"])
+            lines.append(f"| Collection CPU per cycle, 4 engines | {at4:.0f} ms | — | — | "
+                         f"≤ {CYCLE_TARGET_MS} ms | {verdict(at4 <= CYCLE_TARGET_MS)} |")
+        if "64" in sizes:
+            wall = _median(sizes["64"]["cycle_wall"]) / 1000
+            cpu = _median(sizes["64"]["cycle_cpu"]) / 1000
+            lines.append(f"| Collection cycle, 64 engines (wall / CPU) | {wall:.2f} s / "
+                         f"{cpu:.2f} s | — | — | well within 5 s (≤ {WALL_BUDGET_S} s) | "
+                         f"{verdict(max(wall, cpu) <= WALL_BUDGET_S)} |")
+        exponent = cost.get("growth_exponent")
+        if exponent is not None:
+            lines.append(f"| Growth with engines (log-log slope) | {exponent:.2f} | — | — | "
+                         f"near-linear (≤ {LINEAR_EXPONENT}) | "
+                         f"{verdict(exponent <= LINEAR_EXPONENT)} |")
+    for backend in ("sqlite", "postgresql"):
+        data, _ = _phase(results, backend)
+        if not data:
+            continue
+        worst_label, worst = max(data["chart"].items(), key=lambda item: item[1]["p95"])
+        lines.append(f"| Chart JSON, worst p95 on {_db(backend)} ({worst_label}) | "
+                     f"{worst['p95']:.0f} ms | — | — | ≤ {CHART_TARGET_MS} ms, every endpoint | "
+                     f"{verdict(chart_met(data['chart']))} |")
+        total = data["storage"]["total_mib"]
+        lines.append(f"| Storage for {data['storage']['days']:g} days on {_db(backend)} | "
+                     f"{total:.0f} MiB | — | — | ≤ {STORAGE_TARGET_MIB} MiB for 30 days | "
+                     f"{verdict(total <= STORAGE_TARGET_MIB)} |")
+    return lines + [""]
+
+
+def footprint_met(sparkops: float | None, trio: float | None) -> bool | None:
+    if sparkops is None or trio is None:
+        return None
+    return sparkops <= FOOTPRINT_TARGET_MIB and sparkops <= trio
+
+
+def chart_met(chart: dict) -> bool:
+    return all(row["p95"] <= CHART_TARGET_MS and row["points"] <= CHART_POINTS
+               for row in chart.values())
+
+
+def _num(value: float | None, unit: str) -> str:
+    return "—" if value is None else f"{value:.1f} {unit}"
+
+
+def _db(backend: str) -> str:
+    return {"sqlite": "SQLite", "postgresql": "PostgreSQL"}[backend]
+
+
+# --- sections -------------------------------------------------------------------------------
+
+
+def machine_section(results: dict) -> list[str]:
+    m = results["machine"]
+    rows = [
+        ("CPU", f"{m['cpu']}, {m['cores']} cores"), ("RAM", f"{m['ram_gib']} GiB"),
+        ("Kernel / OS", f"{m['kernel']} / {m['os']}"),
+        ("Python / Django / Celery (kombu) / gunicorn",
+         f"{m['python']} / {m['django']} / {m['celery']} ({m['kombu']}) / {m['gunicorn']}"),
+        ("SQLite / PostgreSQL / psycopg", f"{m['sqlite']} / {m['postgresql']} / {m['psycopg']}"),
+        ("Prometheus", m.get("prometheus", "—")),
+        ("node_exporter", m.get("prometheus-node-exporter", "—")),
+        ("Alertmanager", m.get("prometheus-alertmanager", "—")),
+        ("Podman", m["podman"]), ("SparkOps commit", m["commit"]),
+    ]
+    lines = ["## Machine and versions", "", "| | |", "|---|---|"]
+    lines += [f"| {name} | {value} |" for name, value in rows]
+    lines += ["", "Phases (wall time; 1-minute load average before → after — the machine may be "
+              "shared with other work, which the load shows):", ""]
+    for name, entry in results["phases"].items():
+        state = "ok" if entry.get("ok") else "FAILED"
+        lines.append(f"- `{name}`: {entry['seconds'] / 60:.1f} min, load {entry['loadavg'][0]} → "
+                     f"{entry['loadavg'][1]}, {state}")
+    return lines + [""]
+
+
+def footprint_section(results: dict) -> list[str]:
+    lines = ["## 1. Footprint", ""]
+    live, missing = _phase(results, "live")
+    if not live:
+        return lines + [f"Not measured: {missing}", ""]
+    fp = live["footprint"]
+    profile = results["profile"]
+    lines += [
+        f"Both stacks monitor the same {live['engines']} emulated engines (one Podman container "
+        f"each) and this node at a 5 s interval, in the same run. SparkOps runs as "
+        f"`bin/sparkops start` runs it (`manage.py runstack`: gunicorn with 2 workers, a Celery "
+        f"worker with 4 pool processes, beat; SQLite and the embedded file-system broker, so no "
+        f"broker process), with one overview tab open (headroom and engine cards every 5 s, the "
+        f"1 h chart every 15 s) and the alert trials of §3 firing and resolving meanwhile. The "
+        f"trio is Prometheus (scrape and evaluation every 5 s, the comparable rules of §3), "
+        f"node_exporter (default collectors) and Alertmanager. Readings: "
+        f"{fp['samples']} of every process of each stack, every "
+        f"{profile['footprint_sample_every_s']:g} s, the last one {live['minutes']:g} min after "
+        f"both were up.", "",
+        "| Stack | RSS sum | PSS sum | Distinct resident pages | USS sum | CPU (% of one core) "
+        "| First → last reading (RSS sum; distinct) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, label in (("sparkops", "SparkOps"), ("prometheus", "Prometheus trio")):
+        stack = fp["stacks"][name]
+        lines.append(
+            f"| {label} | {fmt(stack['rss_mib'], 'MiB', 0)} | {fmt(stack['pss_mib'], 'MiB', 0)} | "
+            f"{fmt(stack.get('distinct_mib'), 'MiB', 0)} | {fmt(stack['uss_mib'], 'MiB', 0)} | "
+            f"{fmt(stack['cpu_percent'], '%', 1)} | "
+            f"{stack['first_rss_mib']:.0f} → {stack['last_rss_mib']:.0f} MiB; "
+            f"{stack.get('first_distinct_mib') or 0:.0f} → "
+            f"{stack.get('last_distinct_mib') or 0:.0f} MiB |")
+    sp, pr = fp["stacks"]["sparkops"], fp["stacks"]["prometheus"]
+    rss_sp, rss_pr = _median(sp["rss_mib"]), _median(pr["rss_mib"])
+    one_sp, one_pr = _median(sp.get("distinct_mib")), _median(pr.get("distinct_mib"))
+    lines += [
+        "",
+        "RSS sum counts a page shared by several processes once per process (gunicorn's and "
+        "Celery's forked children share much of their parent); PSS splits shared pages among "
+        "their sharers, also with processes outside the stack; distinct resident pages count "
+        "every physical page of the stack once (`/proc/<pid>/pagemap`).",
+        "",
+        f"SparkOps takes {ratio(rss_sp, rss_pr)} the trio's RSS sum and "
+        f"{ratio(one_sp, one_pr)} its distinct resident pages. Target ≤ {FOOTPRINT_TARGET_MIB} "
+        f"MiB and no more than the trio: {verdict(footprint_met(rss_sp, rss_pr))} by RSS sum, "
+        f"{verdict(footprint_met(one_sp, one_pr))} by distinct pages.",
+        "",
+        "By process, at the last reading (RSS / PSS, MiB):",
+        "",
+        "| Stack | Process | RSS | PSS |",
+        "|---|---|---|---|",
+    ]
+    for name, label in (("sparkops", "SparkOps"), ("prometheus", "Prometheus trio")):
+        for process in fp["stacks"][name]["processes"]:
+            lines.append(f"| {label} | {process['role']} | {process['rss_mib']:.0f} | "
+                         f"{process['pss_mib']:.0f} |")
+    shape = live.get("observed_shape", {})
+    tab = live.get("overview_tab", {})
+    lines += ["", f"Meanwhile SparkOps stored {shape.get('collections_ok')} collections in the "
+              f"last 3 minutes ({shape.get('collections_failed')} failed), "
+              f"{shape.get('host_samples_per_collection')} host samples per collection and "
+              f"{shape.get('engine_samples_per_engine_cycle')} engine samples per engine and "
+              f"collection; the overview tab made {tab.get('requests')} requests "
+              f"({tab.get('errors')} errors).", ""]
+    return lines
+
+
+def cost_section(results: dict) -> list[str]:
+    lines = ["## 2. Collection cost", ""]
+    cost, missing = _phase(results, "cost")
+    if not cost:
+        return lines + [f"Not measured: {missing}", ""]
+    window = cost["host_window"]
+    lines += [
+        "CPU time of this process (`time.process_time()`, every thread, plus reaped children) "
+        "per part of one collection cycle, called in-process on the real code against real "
+        "containers (one emulated engine each, under light load) through the private Podman "
+        "service's Docker API. *Engines* is the `collect_engines` task body (NVML, Docker "
+        "list/inspect/stats, `/metrics` scrapes in parallel, rates, rows); *with log re-read* "
+        "is a cycle in which every startup log is parsed again (once a minute per engine); "
+        "*ledger* is `update_ledger`; *alerts* is `run_alerts` (no channels). *Cycle* = engines "
+        f"+ (log re-read − engines) / {cost['cycles_per_log_refresh']} + ledger + alerts. "
+        "Wall times are for engines + ledger + alerts.",
+        "",
+        "| Engines | Cycle CPU | Engines | … with log re-read | Ledger | Alerts | "
+        "Engine collection wall | Cycle wall | CPU per engine |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for count, size in sorted(cost["sizes"].items(), key=lambda item: int(item[0])):
+        per_engine = _median(size["cycle_cpu"]) / int(count)
+        lines.append(
+            f"| {count} | {fmt(size['cycle_cpu'], 'ms')} | {fmt(size['engines'], 'ms')} | "
+            f"{fmt(size['engines_logs'], 'ms')} | {fmt(size['ledger'], 'ms')} | "
+            f"{fmt(size['alerts'], 'ms')} | {fmt(size['engines_wall'], 'ms', 0)} | "
+            f"{fmt(size['cycle_wall'], 'ms', 0)} | {per_engine:.1f} ms |")
+    lines += [
+        "",
+        f"Host-memory window (the interval watched at 0.1 s, then stored; independent of the "
+        f"engine count): {fmt(window['cpu'], 'ms')} CPU over {fmt(window['wall'], 's', 2, 0.001)}"
+        " wall — the wall time is the interval by design.",
+        "",
+    ]
+    sizes = cost["sizes"]
+    exponent = cost.get("growth_exponent")
+    if "4" in sizes:
+        at4 = _median(sizes["4"]["cycle_cpu"])
+        lines.append(f"- ≤ {CYCLE_TARGET_MS} ms CPU per cycle at 4 engines: "
+                     f"{verdict(at4 <= CYCLE_TARGET_MS)} ({at4:.0f} ms; with the host window "
+                     f"{at4 + _median(window['cpu']):.0f} ms).")
+    if "64" in sizes:
+        wall = _median(sizes["64"]["cycle_wall"]) / 1000
+        cpu = _median(sizes["64"]["cycle_cpu"]) / 1000
+        lines.append(f"- 64 engines well within the 5 s interval (≤ {WALL_BUDGET_S} s wall and "
+                     f"CPU): {verdict(max(wall, cpu) <= WALL_BUDGET_S)} ({wall:.2f} s wall, "
+                     f"{cpu:.2f} s CPU).")
+    if exponent is not None:
+        lines.append(f"- Near-linear growth (log-log slope of cycle CPU from the smallest size "
+                     f"above 1 to the largest ≤ {LINEAR_EXPONENT}): "
+                     f"{verdict(exponent <= LINEAR_EXPONENT)} (slope {exponent:.2f}).")
+    return lines + [""]
+
+
+def alert_section(results: dict) -> list[str]:
+    lines = ["## 3. Alert latency", ""]
+    live, missing = _phase(results, "live")
+    if not live:
+        return lines + [f"Not measured: {missing}", ""]
+    alerts = live["alerts"]
+    half = live["allocation_gib"] / 2
+    lines += [
+        f"A plain process (the neighbour) maps and touches {live['allocation_gib']:g} GiB. "
+        f"Before each trial the threshold T is set {half:g} GiB below the MemAvailable of the "
+        "moment — for SparkOps through the `prefill-squeeze` margin (headroom − margin < engine "
+        "1's prefill need exactly when MemAvailable < T; `for` and hysteresis stay the "
+        "defaults), for Prometheus as `node_memory_MemAvailable_bytes < T` with the same "
+        "`for: 10s`. t0 is the moment MemAvailable really fell below T (read every 5 ms during "
+        "the allocation); the latency is the webhook's arrival at a loopback receiver − t0. "
+        "*Fired*: when the alert went from pending to firing (SparkOps: `fired_at`; Prometheus: "
+        "the `startsAt` it sends, which is its firing time) − t0; what follows is delivery "
+        "(SparkOps' outbox, Alertmanager's group_wait). A stack's answer is not counted when it "
+        "fired on something before t0 or when MemAvailable rose back above T before its "
+        "webhook (other work on the machine handing memory back); such trials are repeated.",
+        "",
+        _meminfo_note(live.get("meminfo", "real")),
+        "",
+        "| Stack | Timings | Latency | Fired | Not counted |",
+        "|---|---|---|---|---|",
+        f"| SparkOps (`runstack`) | its defaults: 5 s interval, `prefill-squeeze` for 10 s, "
+        f"outbox delivered every 5 s | {fmt(alerts['sparkops']['latency'], 's')} | "
+        f"{fmt(alerts['sparkops']['fired'], 's')} | {alerts['sparkops']['missing']} |",
+        f"| Prometheus + Alertmanager, documented defaults "
+        f"({live['prometheus_default_instances']} independent servers) | scrape 1 m, "
+        f"evaluation 1 m, `for: 10s`; group_wait 30 s | "
+        f"{fmt(alerts['prom_default']['latency'], 's')} | "
+        f"{fmt(alerts['prom_default']['fired'], 's')} | {alerts['prom_default']['missing']} |",
+        f"| Prometheus + Alertmanager at SparkOps' interval (the §1 trio) | scrape 5 s, "
+        f"evaluation 5 s, `for: 10s`; group_wait 30 s | "
+        f"{fmt(alerts['prom_5s']['latency'], 's')} | {fmt(alerts['prom_5s']['fired'], 's')} | "
+        f"{alerts['prom_5s']['missing']} |",
+        "",
+        f"SparkOps first saw the condition (its alert's `started_at`, pending) "
+        f"{fmt(alerts['sparkops']['detected'], 's')} after t0. Target ≤ {ALERT_TARGET_S} s for "
+        f"SparkOps (median): "
+        f"{verdict(_le(_median(alerts['sparkops']['latency']), ALERT_TARGET_S))}.",
+        "",
+    ]
+    if alerts.get("stopped"):
+        lines += [f"The trials stopped early: {alerts['stopped']}.", ""]
+    lines += [
+        "Trials (seconds after t0; the default-timing servers are waited for only in the first "
+        "trials):",
+        "",
+        "| Trial | Allocation took | SparkOps | Prometheus 5 s | Prometheus defaults | Notes |",
+        "|---|---|---|---|---|---|",
+    ]
+    for trial in alerts["trials"]:
+        defaults = ", ".join(_plain(t["latency"]) for t in trial["prom_default"]) or "—"
+        lines.append(f"| {trial['index']} | {trial['allocation_seconds']:.1f} s | "
+                     f"{_plain(trial['sparkops']['latency'])} | "
+                     f"{_plain(trial['prom_5s']['latency'])} | {defaults} | "
+                     f"{'; '.join(trial['notes'])} |")
+    return lines + [""]
+
+
+def _meminfo_note(mode: str) -> str:
+    if mode == "isolated":
+        return ("Host memory as the monitors saw it: the **isolated view** (`--meminfo "
+                "isolated`, the default; `bench/meminfo_view.py`). SparkOps (through "
+                "`SPARKOPS_PROCFS`) and node_exporter (`--path.procfs`) read a `/proc` whose "
+                "`meminfo` is the real one rewritten every 10 ms with MemFree and MemAvailable "
+                "moving only by the neighbour's resident memory, so other work on a shared "
+                "machine cannot cross or uncross the threshold; the allocation itself is real.")
+    return ("Host memory as the monitors saw it: the machine's own `/proc/meminfo` "
+            "(`--meminfo real`).")
+
+
+def _plain(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
+def _le(value: float | None, limit: float) -> bool | None:
+    return None if value is None else value <= limit
+
+
+def chart_section(results: dict) -> list[str]:
+    lines = ["## 4. Chart latency", ""]
+    data = {b: _phase(results, b) for b in ("sqlite", "postgresql")}
+    available = {b: d for b, (d, _) in data.items() if d}
+    if not available:
+        return lines + [f"Not measured: {data['sqlite'][1]}", ""]
+    profile = results["profile"]
+    lines += [
+        f"Server time (Django's test client: middleware, session, the view, JSON) of each JSON "
+        f"endpoint over {profile['chart_days']:g} days of one node with 4 engines at 5 s (see "
+        f"§5 for what is stored). p95 over {profile['chart_requests']} requests after one "
+        f"warm-up, or as many as fit in {profile['chart_budget_s']:g} s once "
+        f"{profile['chart_min_requests']} are done. *Points*: the longest series returned "
+        f"(limit {CHART_POINTS}).",
+        "",
+        "| Endpoint | " + " | ".join(f"{_db(b)} p95 | {_db(b)} median (min–max, n)"
+                                     for b in available) + " | Points |",
+        "|---|" + "---|---|" * len(available) + "---|",
+    ]
+    first = next(iter(available.values()))
+    for label in first["chart"]:
+        cells = []
+        points = 0
+        for backend_data in available.values():
+            row = backend_data["chart"][label]
+            mark = "" if row["p95"] <= CHART_TARGET_MS else " ✗"
+            cells += [f"{row['p95']:.0f} ms{mark}", fmt(row, "ms", 0)]
+            points = max(points, row["points"])
+        lines.append(f"| `{label}` | " + " | ".join(cells) + f" | {points} |")
+    lines.append("")
+    for backend, backend_data in available.items():
+        slow = [label for label, row in backend_data["chart"].items()
+                if row["p95"] > CHART_TARGET_MS]
+        lines.append(f"- {_db(backend)}: p95 ≤ {CHART_TARGET_MS} ms with ≤ {CHART_POINTS} points "
+                     f"per series: {verdict(chart_met(backend_data['chart']))}"
+                     + (f" — over the target: {', '.join(f'`{s}`' for s in slow)}." if slow
+                        else "."))
+    for backend, (_, why) in data.items():
+        if why:
+            lines.append(f"- {_db(backend)}: not measured: {why}")
+    return lines + [""]
+
+
+def storage_section(results: dict) -> list[str]:
+    lines = ["## 5. Storage", ""]
+    data = {b: _phase(results, b) for b in ("sqlite", "postgresql")}
+    available = {b: d["storage"] for b, (d, _) in data.items() if d}
+    if not available:
+        return lines + [f"Not measured: {data['sqlite'][1]}", ""]
+    lines += [
+        "The dataset of §4, written one day at a time and measured after each day (SQLite: the "
+        "file, write-ahead log folded in; PostgreSQL: `pg_total_relation_size` of the four "
+        "sample tables — rows, indexes, TOAST and maps — after VACUUM ANALYZE at the end). A "
+        "*raw day* (the last 7) holds 16 host samples and a collection row per 5 s, per-minute "
+        "roll-ups, and 12 samples per engine per 5 s; an *older day* holds what retention "
+        "leaves: roll-ups and the engine samples, which nothing prunes or rolls up today.",
+        "",
+        "| | " + " | ".join(_db(b) for b in available) + " |",
+        "|---|" + "---|" * len(available),
+    ]
+
+    def row(label: str, cell: Callable[[dict], str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(cell(s) for s in available.values()) + " |")
+
+    row("Raw day (MiB per node per day)", lambda s: fmt(s["raw_day_mib"], "MiB"))
+    row("Older day (MiB per node per day)", lambda s: fmt(s["older_day_mib"], "MiB"))
+    row("Measured total", lambda s: f"{s['total_mib']:.0f} MiB for {s['days']:g} days")
+    row("30 days extrapolated (7 raw + 23 older days, medians)",
+        lambda s: _num(s.get("extrapolated_30d_mib"), "MiB"))
+    for role, label in (("collectors_sample", "host sample"),
+                        ("collectors_enginesample", "engine sample"),
+                        ("collectors_rollup", "roll-up"), ("collectors_collection", "collection")):
+        row(f"Bytes per {label} row (table + indexes)",
+            lambda s, r=role: _num((s["tables"].get(r) or {}).get("bytes_per_row"), "B"))
+    row("Estimate, 30 days if engine samples were kept like host samples (7 days raw + "
+        "per-minute roll-ups)",
+        lambda s: f"{s['retention_estimates']['engine_like_host_30d_mib']:.0f} MiB")
+    row("Estimate, 30 days with 1 day raw for everything + roll-ups",
+        lambda s: f"{s['retention_estimates']['engine_1d_raw_30d_mib']:.0f} MiB")
+    lines.append("")
+    for backend, stored in available.items():
+        total = stored.get("extrapolated_30d_mib", stored["total_mib"])
+        lines.append(f"- {_db(backend)}: ≤ {STORAGE_TARGET_MIB} MiB for 30 days: "
+                     f"{verdict(total <= STORAGE_TARGET_MIB)} ({total:.0f} MiB).")
+    return lines + [""]
+
+
+def render(results: dict) -> str:
+    profile = results["profile"]["name"]
+    intro = [
+        "# SparkOps benchmark results",
+        "",
+        f"Written by `bench/run{'' if profile == 'full' else ' --' + profile}` "
+        f"({profile} profile) on {results['started']}; the run took "
+        f"{results['total_seconds'] / 60:.1f} minutes. How each figure is measured, and what "
+        f"it would take to meet the targets that are missed: `bench/README.md`. Figures are "
+        f"medians with (min–max, n); MiB = 2²⁰ bytes, and the MB targets are read as MiB.",
+        "",
+    ]
+    if profile != "full":
+        intro += [f"> **{profile} profile**: smaller than the issue's figures (see "
+                  "`bench/profiles.py`); not for quoting.", ""]
+    sections = [intro, headline(results), machine_section(results), footprint_section(results),
+                cost_section(results), alert_section(results), chart_section(results),
+                storage_section(results)]
+    return "\n".join(line for section in sections for line in section).rstrip() + "\n"

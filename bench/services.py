@@ -1,0 +1,221 @@
+"""The real servers a benchmark runs: child processes, a private PostgreSQL, a private Podman.
+
+Everything listens on 127.0.0.1 only, lives in a temporary directory of its own and is stopped
+by the process id it was started with (never by name), so a benchmark can run next to a test
+suite or another benchmark on the same machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(condition, timeout: float, what: str, period: float = 0.1) -> None:
+    """Poll ``condition()`` until it is true; raise TimeoutError naming ``what`` otherwise."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout:.0f} s")
+        time.sleep(period)
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    """Does ``url`` answer 2xx now? (Loopback only; used to wait for servers.)"""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310
+            return 200 <= response.status < 300
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class Child:
+    """A server started by a benchmark, in its own session so that its children stop with it."""
+
+    def __init__(self, name: str, argv: Sequence[str], *, log: Path,
+                 env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+        self.name = name
+        self.log = log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = log.open("ab")
+        self.process = subprocess.Popen(
+            list(argv), stdout=self._log_file, stderr=subprocess.STDOUT, env=env,
+            cwd=cwd, start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            self.process.send_signal(signum)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL for the whole session it started, after ``timeout``."""
+        if self.alive():
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._kill_group()
+                self.process.wait(timeout=5)
+        self._kill_group()  # stragglers of its session (e.g. a worker's child)
+        self._log_file.close()
+
+    def _kill_group(self) -> None:
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+# --- PostgreSQL -----------------------------------------------------------------------------
+
+
+def _pg_bin(name: str) -> str:
+    candidates = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
+    if not candidates:
+        raise RuntimeError("PostgreSQL server binaries are missing (Debian package postgresql)")
+    return str(candidates[-1])
+
+
+def postgres_version() -> str:
+    try:
+        out = subprocess.run([_pg_bin("postgres"), "--version"], capture_output=True, text=True)
+    except RuntimeError:
+        return "not installed"
+    return out.stdout.strip().removeprefix("postgres (PostgreSQL) ")
+
+
+@contextmanager
+def postgres_server() -> Iterator[str]:
+    """A private PostgreSQL cluster on a free loopback port; yields the URL of database
+    ``sparkops``. As root the cluster belongs to the ``postgres`` user (initdb refuses root).
+
+    Server settings are the defaults except ``fsync=off`` (the data is thrown away afterwards;
+    fsync changes write speed, not the sizes or read latencies measured here).
+    """
+    top = Path(tempfile.mkdtemp(prefix="sparkops-bench-pg-"))
+    datadir = top / "data"
+    datadir.mkdir()
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        shutil.chown(top, "postgres")
+        shutil.chown(datadir, "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    port = free_port()
+    subprocess.run([*as_user, _pg_bin("initdb"), "-D", str(datadir), "-A", "trust", "-U",
+                    "postgres", "--no-sync"], check=True, stdout=subprocess.DEVNULL)
+    options = f"-p {port} -k {datadir} -c listen_addresses=127.0.0.1 -c fsync=off"
+    subprocess.run([*as_user, _pg_bin("pg_ctl"), "-D", str(datadir), "-o", options, "-w", "-l",
+                    str(datadir / "log"), "start"], check=True, stdout=subprocess.DEVNULL)
+    try:
+        subprocess.run([*as_user, _pg_bin("createdb"), "-h", "127.0.0.1", "-p", str(port), "-U",
+                        "postgres", "sparkops"], check=True)
+        yield f"postgresql://postgres@127.0.0.1:{port}/sparkops"
+    finally:
+        subprocess.run([*as_user, _pg_bin("pg_ctl"), "-D", str(datadir), "-m", "immediate",
+                        "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(top, ignore_errors=True)
+
+
+# --- Podman ---------------------------------------------------------------------------------
+
+# Where the private Podman keeps its storage, for phases run as separate processes.
+PODMAN_STORAGE_ENV = "BENCH_PODMAN_STORAGE"
+BENCH_LABEL = "sparkops.bench=1"
+
+
+class Podman:
+    """The podman CLI on a private storage root (``--root``/``--runroot``), as the tests use it:
+    containers run a program from this machine's own file system (``--rootfs /:O``) with host
+    networking; ``runc`` and ``cgroupfs`` are what this kind of machine accepts."""
+
+    def __init__(self, storage: Path) -> None:
+        self.storage = storage
+        self.argv = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
+                     "--root", str(storage / "root"), "--runroot", str(storage / "run")]
+
+    @classmethod
+    def from_env(cls) -> Podman:
+        return cls(Path(os.environ[PODMAN_STORAGE_ENV]))
+
+    def __call__(self, *args: str, timeout: float = 60) -> str:
+        result = subprocess.run([*self.argv, *args], capture_output=True, text=True,
+                                timeout=timeout)
+        if result.returncode != 0:
+            raise RuntimeError(f"podman {' '.join(args[:2])} failed: {result.stderr.strip()}")
+        return result.stdout.strip()
+
+    def run(self, name: str, command: Sequence[str], labels: dict[str, str]) -> str:
+        """Create and start a container running ``command``; return its id."""
+        argv = ["run", "--detach", "--name", name, "--label", BENCH_LABEL,
+                "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096",
+                "--network", "host", "--workdir", str(PROJECT)]
+        for key, value in labels.items():
+            argv += ["--label", f"{key}={value}"]
+        return self(*argv, "--rootfs", "/:O", *command)
+
+    def remove_all(self) -> None:
+        """Remove every container; retried, since removing many at once can meet a mount that
+        is still busy ("device or resource busy"). What is left goes with the service."""
+        for attempt in range(3):
+            try:
+                self("rm", "--force", "--time", "0", "--all", timeout=180)
+                return
+            except (RuntimeError, subprocess.TimeoutExpired) as error:
+                if attempt == 2:
+                    print(f"  (podman: {error}; left to the service's cleanup)", flush=True)
+                time.sleep(2)
+
+
+@contextmanager
+def podman_service() -> Iterator[tuple[Podman, str]]:
+    """``podman system service`` on a private socket; yields the CLI and the ``unix://`` URL.
+    Everything it created is removed afterwards (containers, storage)."""
+    if not shutil.which("podman"):
+        raise RuntimeError("podman is not installed (Debian packages podman and runc)")
+    top = Path(tempfile.mkdtemp(prefix="sparkops-bench-podman-"))
+    podman = Podman(top / "storage")
+    socket_path = top / "podman.sock"
+    service = subprocess.Popen([*podman.argv, "system", "service", "--time=0",
+                                f"unix://{socket_path}"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(socket_path.exists, 20, "the podman socket")
+        yield podman, f"unix://{socket_path}"
+    finally:
+        podman.remove_all()
+        service.terminate()
+        try:
+            service.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            service.kill()
+        subprocess.run([*podman.argv, "system", "reset", "--force"], capture_output=True)
+        shutil.rmtree(top, ignore_errors=True)
