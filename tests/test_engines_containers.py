@@ -107,7 +107,8 @@ def test_stopped_and_failed_engines(node, api):
                    and found[stopped].phase == "ready")
 
     podman("stop", "--time", "5", stopped)
-    engines = _collect_until(node, api, lambda found: found[failed].container_state == "exited")
+    engines = _collect_until(node, api, lambda found: found[failed].container_state == "exited",
+                             timeout=120)
 
     assert engines[stopped].phase == "stopped" and engines[stopped].exit_code == 0
     broken = engines[failed]
