@@ -378,7 +378,7 @@ def test_a_worker_killed_mid_restart_leaves_it_interrupted_with_the_real_state(
         handed = _manage(env, "shell", "-c", WORLD % {"name": real.name}).split()
         assert handed[-4:-2] == ["handed", "1"], handed
         restart_id = int(handed[-1])
-        _wait_for(lambda: _row(data, restart_id)["phase"] == "follow", 150, "the follow step",
+        _wait_for(lambda: _row(data, restart_id)["phase"] == "follow", 90, "the follow step",
                   log)
         os.killpg(first.pid, signal.SIGKILL)  # as the OOM killer, or a power cut, would
         first.wait(timeout=10)
