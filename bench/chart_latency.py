@@ -31,9 +31,12 @@ RANGES = ("1h", "24h", "7d", "30d")
 
 
 def endpoints(engine: str) -> list[tuple[str, str]]:
-    """(label, path) of every JSON endpoint the overview and the engine page poll."""
+    """(label, path) of every JSON endpoint the overview and the engine page poll: the
+    overview's timeline and headroom, the host-memory chart, the engine cards' data and the
+    engine page's series."""
     api = f"/api/nodes/{NODE}"
-    found = [(f"memory.json?range={r}", f"{api}/memory.json?range={r}") for r in RANGES]
+    found = [(f"timeline.json?range={r}", f"{api}/timeline.json?range={r}") for r in RANGES]
+    found += [(f"memory.json?range={r}", f"{api}/memory.json?range={r}") for r in RANGES]
     found.append(("headroom.json", f"{api}/headroom.json"))
     found.append(("engines.json", f"{api}/engines.json"))
     found += [(f"engine series.json?range={r}", f"{api}/engines/{engine}/series.json?range={r}")
@@ -41,12 +44,14 @@ def endpoints(engine: str) -> list[tuple[str, str]]:
     return found
 
 
-def create_world() -> tuple[object, list[object], object]:
-    """The node, its engines (with some events) and an admin to log in as."""
+def create_world(days: float) -> tuple[object, list[object], object]:
+    """The node, its engines, ``days`` of what the timeline marks (events every few hours, a
+    ledger change an hour, two resolved alerts a day) and an admin to log in as."""
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
-    from collectors.models import Engine, Event, Node
+    from collectors.models import Engine, Event, LedgerChange, Node
+    from dashboard.alerting.models import Alert
 
     now = timezone.now()
     node = Node.objects.create(name=NODE, hostname=NODE, mem_total_bytes=int(dataset.MEM_TOTAL))
@@ -59,11 +64,26 @@ def create_world() -> tuple[object, list[object], object]:
             first_seen=now - timedelta(days=31), last_seen=now)
         for i in range(1, ENGINES + 1)
     ]
-    # A few events a day per engine (restarts, phase changes), for the timeline markers.
+    hours = int(days * 24)
     Event.objects.bulk_create([
-        Event(node=node, engine=engine, at=now - timedelta(hours=5 * k + i), kind="phase-change",
+        Event(node=node, engine=engine, at=now - timedelta(hours=h + i), kind="phase-change",
               severity="info", message=f"{engine.name}: loading → ready")
-        for i, engine in enumerate(engines) for k in range(150)
+        for i, engine in enumerate(engines) for h in range(0, hours, 5)
+    ])
+    LedgerChange.objects.bulk_create([
+        LedgerChange(node=node, engine=engines[h % ENGINES], at=now - timedelta(hours=h),
+                     component=f"engine:{engines[h % ENGINES].pk}:kv_pool",
+                     label=f"{engines[h % ENGINES].name}'s KV pool",
+                     before_bytes=(8 + h % 3) * 2**30, after_bytes=(9 + h % 3) * 2**30)
+        for h in range(hours)
+    ])
+    Alert.objects.bulk_create([
+        Alert(rule="prefill-squeeze", node=node, engine=engines[0], scope=f"bench:{h}",
+              state="resolved", severity="critical", summary="headroom below the prefill need",
+              threshold=1.0, started_at=now - timedelta(hours=h, minutes=5),
+              fired_at=now - timedelta(hours=h, minutes=4), resolved_at=now - timedelta(hours=h),
+              last_evaluated_at=now - timedelta(hours=h))
+        for h in range(0, hours, 12)
     ])
     user = get_user_model().objects.create_superuser("admin", "", "bench-admin-password")
     return node, engines, user
@@ -100,6 +120,21 @@ def time_endpoint(client, path: str, profile: Profile) -> dict:
     return {**summary.as_dict(), "points": points}
 
 
+def apply_retention(node, now: datetime) -> dict:
+    """Run the project's own retention over the dataset, as the hourly prune would: whatever
+    it removes, the dataset held beyond what SparkOps keeps (the report says so when not 0)."""
+    from django.conf import settings
+
+    from collectors.retention import prune_node
+
+    node.rolled_up_until = now
+    node.save(update_fields=["rolled_up_until"])
+    result = prune_node(node, now, settings.SPARKOPS_RAW_RETENTION_DAYS,
+                        settings.SPARKOPS_ROLLUP_RETENTION_DAYS)
+    return {"samples": result.samples, "collections": result.collections,
+            "rollups": result.rollups}
+
+
 def _writer(backend: str, database_url: str | None
             ) -> tuple[dataset.SqliteWriter | dataset.PostgresWriter, object]:
     """The bulk writer for this backend, and its timestamp format."""
@@ -125,7 +160,7 @@ def generate(profile: Profile, backend: str, workdir: Path, database_url: str | 
     _setup(backend, workdir, database_url)
     from django.conf import settings
 
-    node, engines, _ = create_world()
+    node, engines, _ = create_world(profile.chart_days)
     writer, stamp = _writer(backend, database_url)
     generator = dataset.Generator(node.pk, [e.pk for e in engines], stamp)
     raw_days = settings.SPARKOPS_RAW_RETENTION_DAYS
@@ -133,13 +168,15 @@ def generate(profile: Profile, backend: str, workdir: Path, database_url: str | 
     end = datetime.now(UTC).replace(second=0, microsecond=0)
     growth = storage.generate_and_measure(
         writer, generator, dataset.day_plan(end, profile.chart_days, raw_days))
+    pruned = apply_retention(node, end)
     writer.settle()
     tables = writer.tables
     stored = storage.summarize_storage(growth, writer, raw_days)
+    stored["pruned_by_retention"] = pruned
     stored["retention_estimates"] = storage.retention_estimates(
         stored, {"collection": tables.collection, "sample": tables.sample,
                  "rollup": tables.rollup, "engine_sample": tables.engine_sample},
-        ENGINES, len(dataset.ENGINE_METRICS))
+        ENGINES, len(dataset.ENGINE_METRICS), raw_days)
     writer.finish()
     print(f"  {backend}: {stored['days']:.1f} days generated in "
           f"{stored['generation_seconds']:.0f} s, {stored['total_mib']:.0f} MiB", flush=True)
@@ -162,7 +199,7 @@ def measure(profile: Profile, backend: str, workdir: Path, database_url: str | N
     generator = dataset.Generator(node.pk, [e.pk for e in engines], stamp, seed=11)
     now = datetime.now(UTC)
     writer.write(generator.span(datetime.fromisoformat(generated["generated_until"]), now,
-                                raw_host=True))
+                                raw=True))
     writer.finish()
     node.rolled_up_until = now.replace(second=0, microsecond=0)
     node.last_collection_at = now

@@ -3,11 +3,13 @@
 What a node with four engines accumulates at the default interval, under the retention the code
 applies (``collectors.retention``):
 
-* host samples (16 per collection: 11 meminfo fields, 5 derived) and collections — raw for the
-  last ``SPARKOPS_RAW_RETENTION_DAYS`` (7) days only;
-* per-minute roll-ups (min/mean/max) of every host metric — the whole span (kept 90 days);
-* engine samples (12 per engine per collection: container memory, 3 gauges, 8 rates) — the
-  whole span: nothing prunes or rolls up engine samples, so all of them stay.
+* host samples (16 per collection: 11 meminfo fields, 5 derived), collections and engine
+  samples (12 per engine per collection: container memory, 3 gauges, 8 rates) — raw, for the
+  last ``SPARKOPS_RAW_RETENTION_DAYS`` (7) days only (engine samples have no roll-ups);
+* per-minute roll-ups (min/mean/max) of every host metric — the whole span (kept 90 days).
+
+The caller then runs the project's own ``prune_node`` over the result, so the database holds
+what retention keeps even if the code changes after this was written.
 
 Values are synthetic but shaped like real ones (byte counts in whole KiB, rates and fractions
 with decimals), which matters for SQLite's variable-length records. Rows go straight in with
@@ -127,7 +129,9 @@ class Generator:
         self.engine_pool = [list(engine_values(self.rnd).items()) for _ in range(ENGINE_POOL)]
         self._next = 0
 
-    def span(self, start: datetime, end: datetime, *, raw_host: bool) -> Span:
+    def span(self, start: datetime, end: datetime, *, raw: bool) -> Span:
+        """Rows of ``[start, end)``: roll-ups always; collections, host and engine samples
+        when ``raw`` (the stretch lies in the raw-retention window)."""
         rnd, ts, node = self.rnd, self.timestamp, self.node_id
         span = Span([], [], [], [])
         minute_values: dict[int, list[float]] = {}
@@ -136,13 +140,14 @@ class Generator:
             jittered = at + timedelta(microseconds=rnd.randint(20_000, 90_000))
             stamp = ts(jittered)
             host = host_values(jittered.timestamp(), rnd)
-            if raw_host:
+            if raw:
                 window_start = ts(jittered - WINDOW)
                 span.collection.append((node, stamp, window_start, 48, True, ""))
-                dip = ts(jittered - timedelta(seconds=rnd.uniform(0, 4.75)))
+                # The interval minimum is stored when it was seen, inside the window.
+                dip = ts(max(jittered - timedelta(seconds=rnd.uniform(0, 4.75)), start))
                 span.sample.extend((node, metric, dip if metric == 4 else stamp, value, "")
                                    for metric, value in host.items())
-            for engine in self.engine_ids:
+            for engine in self.engine_ids if raw else ():
                 self._next = (self._next + 1) % ENGINE_POOL
                 span.engine_sample.extend((engine, metric, stamp, value)
                                           for metric, value in self.engine_pool[self._next])

@@ -157,7 +157,7 @@ def main() -> None:
     began = time.monotonic()
     results: dict = {"profile": profile.as_dict(), "machine": machine.describe(),
                      "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                     "phases": {}}
+                     "sequential": args.sequential, "phases": {}}
     print(f"SparkOps benchmarks ({profile.name}) on {results['machine']['cpu']}, "
           f"{results['machine']['cores']} cores; scratch in {workdir}", flush=True)
     with podman_service() as (podman, docker_host), postgres_server() as database_url:

@@ -88,7 +88,7 @@ class SparkOpsStack:
 
 class OverviewTab(threading.Thread):
     """One browser tab left open on the node's overview, polling as ``overview.js`` does:
-    headroom and engine cards every interval, the 1 h chart every three intervals."""
+    headroom and engine cards every interval, the 1 h timeline every three intervals."""
 
     def __init__(self, base_url: str, node: str, interval: float = 5.0) -> None:
         super().__init__(daemon=True)
@@ -112,7 +112,7 @@ class OverviewTab(threading.Thread):
         node_url = f"{self.base_url}/nodes/{self.node}/"
         api = f"{self.base_url}/api/nodes/{self.node}"
         polls = [(1, f"{api}/headroom.json"), (1, f"{node_url}engines/cards/"),
-                 (3, f"{api}/memory.json?range=1h")]
+                 (3, f"{api}/timeline.json?range=1h")]
         session.get(node_url, timeout=10)  # the page itself, once
         tick = 0
         while not self._stop.wait(self.interval if tick else 0):

@@ -3,8 +3,8 @@
 The 30-day dataset (see ``bench.dataset``) is written one day at a time, oldest first, and the
 database is measured after each day: the SQLite file (write-ahead log folded in) and, on
 PostgreSQL, ``pg_total_relation_size`` of SparkOps' four sample tables. Days inside the raw
-window (the last 7) hold raw host samples, collections, roll-ups and engine samples; older days
-hold roll-ups and engine samples only, as retention leaves them. Each kind of day gives one
+window (the last 7) hold raw host samples, collections, engine samples and roll-ups; older days
+hold the roll-ups only, as retention leaves them. Each kind of day gives one
 growth sample per day; the 30-day figure is measured, and also extrapolated from the medians
 (7 raw days + 23 older days) as a check. Per-table sizes at the end give bytes per row, from
 which the report estimates what other retention choices would cost.
@@ -37,7 +37,7 @@ def generate_and_measure(writer: SqliteWriter | PostgresWriter, generator: Gener
     growth = []
     for start, stop, raw in plan:
         began = time.perf_counter()
-        span = generator.span(start, stop, raw_host=raw)
+        span = generator.span(start, stop, raw=raw)
         writer.write(span)
         size = writer.size()
         rows = {table: len(table_rows) for table, table_rows in
@@ -90,7 +90,7 @@ def summarize_storage(growth: list[DayGrowth], writer: SqliteWriter | PostgresWr
 
 
 def retention_estimates(storage: dict, tables: dict[str, str], engines: int,
-                        engine_metrics: int) -> dict:
+                        engine_metrics: int, raw_days: float) -> dict:
     """30-day size under retention choices, from measured bytes per row (an estimate).
 
     ``tables`` maps the roles "collection", "sample", "rollup", "engine_sample" to table names.
@@ -101,13 +101,14 @@ def retention_estimates(storage: dict, tables: dict[str, str], engines: int,
     host_raw_day = collections_per_day * (16 * per_row["sample"] + per_row["collection"])
     rollup_day = 1440 * 16 * per_row["rollup"]
     engine_raw_day = collections_per_day * engines * engine_metrics * per_row["engine_sample"]
+    # Engine roll-ups do not exist yet; sized like host roll-up rows.
     engine_rollup_day = 1440 * engines * engine_metrics * per_row["rollup"]
+    raw_day = host_raw_day + engine_raw_day
     return {
-        "current_30d_mib": (7 * host_raw_day + 30 * rollup_day + 30 * engine_raw_day) / MIB,
-        "engine_like_host_30d_mib": (7 * host_raw_day + 30 * rollup_day + 7 * engine_raw_day
-                                     + 30 * engine_rollup_day) / MIB,
-        "engine_1d_raw_30d_mib": (1 * host_raw_day + 30 * rollup_day + 1 * engine_raw_day
-                                  + 30 * engine_rollup_day) / MIB,
+        "current_30d_mib": (raw_days * raw_day + 30 * rollup_day) / MIB,
+        "with_engine_rollups_30d_mib": (raw_days * raw_day + 30 * (rollup_day + engine_rollup_day))
+        / MIB,
+        "one_day_raw_30d_mib": (raw_day + 30 * (rollup_day + engine_rollup_day)) / MIB,
         "host_raw_day_mib": host_raw_day / MIB,
         "engine_raw_day_mib": engine_raw_day / MIB,
         "rollup_day_mib": rollup_day / MIB,

@@ -1,0 +1,47 @@
+"""The benchmark suite itself runs: ``bench/run --smoke`` writes a results file with every
+section filled.
+
+The figures of a smoke run mean nothing (one engine, one sample each); what is checked is that
+every benchmark's code path ran to the end against the real servers — SparkOps' stack, the
+Prometheus trio, real containers, SQLite and PostgreSQL — and reported a figure. Timing
+targets are never asserted here; that is what ``bench/run`` is for.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from tests.conftest import PROJECT, subprocess_env
+
+pytestmark = pytest.mark.slow
+
+# Each section, with a line that only appears when its benchmark measured something.
+SECTIONS = {
+    "## Headline": r"\| Memory, RSS sum after .* \| \d+ MiB \| \d+ MiB \|",
+    "## Machine and versions": r"\| Prometheus \| prometheus, version ",
+    "## 1. Footprint": r"\| SparkOps \| \d+ MiB .*\| \d+ MiB",
+    "## 2. Collection cost": r"\| 1 \| [\d.]+ ms ",
+    "## 3. Alert latency": r"\| SparkOps \(`runstack`\) \| .* \| [\d.]+ s \(n=1\) \|",
+    "## 4. Chart latency": r"\| `memory\.json\?range=30d` \| \d+ ms.* \| \d+ ms.* \|",
+    "## 5. Storage": r"\| Measured total \| \d+ MiB for [\d.]+ days \| \d+ MiB for",
+}
+
+
+@pytest.mark.timeout(900)
+def test_smoke_run_writes_every_section(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    run = subprocess.run(
+        [str(PROJECT / "bench" / "run"), "--smoke", "--results", str(results),
+         "--workdir", str(tmp_path / "work")],
+        cwd=PROJECT, env=subprocess_env(), capture_output=True, text=True, timeout=850,
+    )
+    assert run.returncode == 0, f"{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
+    text = results.read_text()
+    for heading, measured in SECTIONS.items():
+        assert heading in text, f"{heading} missing from the results"
+        assert re.search(measured, text), f"{heading}: no figure in\n{text}"
+    assert "Not measured" not in text
+    assert "FAILED" not in text
