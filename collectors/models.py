@@ -76,8 +76,13 @@ class Collection(models.Model):
     error = models.TextField(blank=True)
 
     class Meta:
-        # Serves "latest collection of node N" and "failures of node N in a range".
-        indexes = [models.Index(fields=["node", "at"], name="collection_node_at")]
+        indexes = [
+            # Serves "latest collection of node N" and "collections of node N in a range".
+            models.Index(fields=["node", "at"], name="collection_node_at"),
+            # Serves "last failure of node N" without walking every successful collection.
+            models.Index(fields=["node", "at"], name="collection_failed_node_at",
+                         condition=models.Q(ok=False)),
+        ]
         ordering = ["-at"]
 
 
@@ -99,20 +104,26 @@ class Sample(models.Model):
 
 
 class Rollup(models.Model):
-    """Per-minute min/mean/max of a metric, kept much longer than raw samples."""
+    """Min/mean/max of a host metric over one bucket of ``resolution`` seconds.
+
+    Roll-ups come in tiers (``collectors.retention.TIERS``): per minute, per quarter hour and per
+    hour, each kept longer than the one before, so a chart over any range reads a few thousand
+    rows at most and a dip survives every tier as its bucket's minimum.
+    """
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
     metric = models.PositiveSmallIntegerField(choices=Metric.choices)
-    minute = models.DateTimeField()
+    resolution = models.PositiveIntegerField(default=60)  # bucket width in seconds
+    start = models.DateTimeField()
     min = models.FloatField()
     max = models.FloatField()
     mean = models.FloatField()
-    count = models.PositiveIntegerField()
+    count = models.PositiveIntegerField()  # raw samples behind the bucket
 
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["node", "metric", "minute"], name="rollup_unique_minute"
+                fields=["node", "metric", "resolution", "start"], name="rollup_unique_bucket"
             )
         ]
 
@@ -209,6 +220,26 @@ class EngineSample(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["engine", "metric", "at"], name="esample_engine_metric_at")]
+
+
+class EngineRollup(models.Model):
+    """Min/mean/max of an engine metric over one bucket: the engine side of :class:`Rollup`."""
+
+    engine = models.ForeignKey(Engine, on_delete=models.CASCADE, related_name="+")
+    metric = models.PositiveSmallIntegerField(choices=EngineMetric.choices)
+    resolution = models.PositiveIntegerField(default=60)
+    start = models.DateTimeField()
+    min = models.FloatField()
+    max = models.FloatField()
+    mean = models.FloatField()
+    count = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["engine", "metric", "resolution", "start"], name="erollup_unique_bucket"
+            )
+        ]
 
 
 class Event(models.Model):

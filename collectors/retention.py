@@ -1,15 +1,35 @@
-"""Roll raw samples up into per-minute rows, and prune both by age.
+"""Roll raw samples up into tiers of coarser buckets, and prune every tier by age.
 
-Raw samples are kept ``SPARKOPS_RAW_RETENTION_DAYS`` (default 7), per-minute roll-ups
-``SPARKOPS_ROLLUP_RETENTION_DAYS`` (default 90). Roll-up is idempotent (a minute is recomputed
-whole) and advances a per-node watermark; prune never deletes raw samples that are not rolled up
-yet, so a stopped beat loses no history.
+A GB10 collects every 5 s: 64 values per collection with four engines, over a million rows a
+day. Kept raw for a month that is gigabytes, and a 30-day chart would read millions of rows. So,
+as monitoring systems with long memories do, history is kept in tiers:
+
+=========================  ==========  ===============================================
+Tier                        Bucket      Kept
+=========================  ==========  ===============================================
+raw samples                 5 s         ``SPARKOPS_RAW_RETENTION_DAYS`` (default 1)
+minute roll-ups             1 min       2 days
+ten-minute roll-ups         10 min      35 days
+hourly roll-ups             1 h         ``SPARKOPS_ROLLUP_RETENTION_DAYS`` (default 90)
+=========================  ==========  ===============================================
+
+(no tier is kept past ``SPARKOPS_ROLLUP_RETENTION_DAYS``). Each roll-up row holds its bucket's
+min, mean, max and sample count, for host metrics (:class:`Rollup`) and engine metrics
+(:class:`EngineRollup`) alike, so the minimum a transient prefill buffer makes survives every
+tier, and a chart over any range reads at most a couple of thousand rows per series
+(``dashboard.series``).
+
+Roll-up is idempotent (a bucket is recomputed whole) and advances one per-node watermark; a
+bucket of a coarser tier is computed from the tier below once its last minute is rolled up.
+Prune never deletes raw samples that are not rolled up yet, so a stopped beat loses no history.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import transaction
 from django.db.models import Avg, Count, Max, Min
@@ -19,6 +39,7 @@ from collectors.models import (
     Collection,
     Engine,
     EngineMetric,
+    EngineRollup,
     EngineSample,
     Event,
     LedgerChange,
@@ -36,6 +57,20 @@ ROLLUP_CHUNK = timedelta(hours=6)
 
 
 @dataclass(frozen=True)
+class Tier:
+    """One roll-up tier: buckets of ``resolution`` seconds kept ``keep`` (None: as long as
+    history is kept, ``SPARKOPS_ROLLUP_RETENTION_DAYS``)."""
+
+    resolution: int
+    keep: timedelta | None
+    label: str
+
+
+MINUTE = Tier(60, timedelta(days=2), "1 min")
+TIERS = (MINUTE, Tier(600, timedelta(days=35), "10 min"), Tier(3600, None, "1 h"))
+
+
+@dataclass(frozen=True)
 class PruneResult:
     samples: int
     collections: int
@@ -46,84 +81,151 @@ def floor_minute(moment: datetime) -> datetime:
     return moment.replace(second=0, microsecond=0)
 
 
+def floor_to(moment: datetime, seconds: int) -> datetime:
+    """``moment`` rounded down to a multiple of ``seconds`` since the epoch (UTC)."""
+    stamp = moment.timestamp()
+    return datetime.fromtimestamp(stamp - stamp % seconds, UTC)
+
+
 def rollup_node(node: Node, now: datetime, max_chunks: int = 8) -> int:
-    """Roll up the node's complete minutes since its watermark; return rows written.
+    """Roll up the node's complete minutes since its watermark, and the coarser buckets they
+    complete; return the roll-up rows written.
 
     Works in chunks of ``ROLLUP_CHUNK``, skipping stretches without samples, at most
     ``max_chunks`` per call so one run after a long stop stays bounded.
     """
     end = floor_minute(now - ROLLUP_GRACE)
     start = node.rolled_up_until
+    engine_ids = list(Engine.objects.filter(node=node).values_list("pk", flat=True))
     written = 0
     for _ in range(max_chunks):
-        first = _first_sample_at(node, start)
+        first = _first_sample_at(node, engine_ids, start)
         if first is None or first >= end:
-            _advance(node, end, [], start or end)
+            if node.rolled_up_until is None or end > node.rolled_up_until:
+                _advance(node, engine_ids, start or end, end)
             break
         start = floor_minute(first)
         chunk_end = min(end, start + ROLLUP_CHUNK)
-        rows = _rollup_rows(node, start, chunk_end)
-        _advance(node, chunk_end, rows, start)
-        written += len(rows)
+        written += _advance(node, engine_ids, start, chunk_end)
         start = chunk_end
     return written
 
 
-def _first_sample_at(node: Node, since: datetime | None) -> datetime | None:
-    rows = Sample.objects.filter(node=node)
+def _first_sample_at(node: Node, engine_ids: list[int], since: datetime | None
+                     ) -> datetime | None:
+    host = Sample.objects.filter(node=node)
+    engines = EngineSample.objects.filter(engine_id__in=engine_ids)
     if since is not None:
-        rows = rows.filter(at__gte=since)
-    return rows.order_by("at").values_list("at", flat=True).first()
+        host, engines = host.filter(at__gte=since), engines.filter(at__gte=since)
+    firsts = [host.order_by("at").values_list("at", flat=True).first()]
+    if engine_ids:
+        firsts.append(engines.aggregate(first=Min("at"))["first"])
+    return min((moment for moment in firsts if moment is not None), default=None)
 
 
-def _rollup_rows(node: Node, start: datetime, end: datetime) -> list[Rollup]:
-    groups = (
-        Sample.objects.filter(node=node, at__gte=start, at__lt=end, value__isnull=False)
-        .annotate(minute=TruncMinute("at"))
-        .values("metric", "minute")
-        .annotate(lo=Min("value"), hi=Max("value"), mean=Avg("value"), n=Count("id"))
-    )
-    return [
-        Rollup(
-            node=node, metric=g["metric"], minute=g["minute"],
-            min=g["lo"], max=g["hi"], mean=g["mean"], count=g["n"],
-        )
-        for g in groups
-    ]
-
-
-def _advance(node: Node, until: datetime, rows: list[Rollup], start: datetime) -> None:
-    """Replace the roll-ups of [start, until) with ``rows`` and move the watermark, atomically."""
+def _advance(node: Node, engine_ids: list[int], start: datetime, until: datetime) -> int:
+    """Recompute the minutes of [start, until), the coarser buckets completed since the
+    watermark (samples may have paused in between), and move the watermark, atomically."""
     if node.rolled_up_until is not None and until <= node.rolled_up_until:
-        return
+        return 0
+    completed_since = min(start, node.rolled_up_until or start)
+    written = 0
     with transaction.atomic():
-        Rollup.objects.filter(node=node, minute__gte=start, minute__lt=until).delete()
-        Rollup.objects.bulk_create(rows)
+        host = _minute_rows(Sample.objects.filter(node=node), ("metric",), start, until)
+        engine = _minute_rows(EngineSample.objects.filter(engine_id__in=engine_ids),
+                              ("engine_id", "metric"), start, until)
+        written += _replace(Rollup.objects.filter(node=node), start, until, MINUTE,
+                            [Rollup(node=node, **row) for row in host])
+        written += _replace(EngineRollup.objects.filter(engine_id__in=engine_ids), start, until,
+                            MINUTE, [EngineRollup(**row) for row in engine])
+        for finer, tier in zip(TIERS, TIERS[1:], strict=False):
+            written += _rollup_tier(node, engine_ids, finer, tier, completed_since, until)
         node.rolled_up_until = until
         node.save(update_fields=["rolled_up_until"])
+    return written
+
+
+def _minute_rows(samples, keys: tuple[str, ...], start: datetime, until: datetime) -> list[dict]:
+    """Per-minute min/max/mean/count of the samples in [start, until), grouped by ``keys``."""
+    groups = (
+        samples.filter(at__gte=start, at__lt=until, value__isnull=False)
+        .annotate(bucket=TruncMinute("at"))
+        .values(*keys, "bucket")
+        .annotate(lo=Min("value"), hi=Max("value"), avg=Avg("value"), n=Count("id"))
+    )
+    return [{**{key: g[key] for key in keys}, "resolution": MINUTE.resolution,
+             "start": g["bucket"], "min": g["lo"], "max": g["hi"], "mean": g["avg"],
+             "count": g["n"]} for g in groups]
+
+
+def _rollup_tier(node: Node, engine_ids: list[int], finer: Tier, tier: Tier, start: datetime,
+                 until: datetime) -> int:
+    """The buckets of ``tier`` that end in (start, until], from the rows of ``finer``."""
+    first = floor_to(start, tier.resolution)
+    last = floor_to(until, tier.resolution)  # buckets starting here are not complete yet
+    if last <= first:
+        return 0
+    host = Rollup.objects.filter(node=node, resolution=finer.resolution, start__gte=first,
+                                 start__lt=last)
+    engine = EngineRollup.objects.filter(engine_id__in=engine_ids, resolution=finer.resolution,
+                                         start__gte=first, start__lt=last)
+    written = _replace(Rollup.objects.filter(node=node), first, last, tier,
+                       [Rollup(node=node, **row) for row in _merge(host, ("metric",), tier)])
+    written += _replace(EngineRollup.objects.filter(engine_id__in=engine_ids), first, last, tier,
+                        [EngineRollup(**row) for row in _merge(engine, ("engine_id", "metric"),
+                                                                tier)])
+    return written
+
+
+def _merge(rows, keys: tuple[str, ...], tier: Tier) -> Iterable[dict]:
+    """Finer roll-up rows merged into ``tier``'s buckets: min of mins, max of maxes, the mean
+    weighted by sample counts."""
+    buckets: dict[tuple, list] = defaultdict(lambda: [float("inf"), float("-inf"), 0.0, 0])
+    for row in rows.values_list(*keys, "start", "min", "max", "mean", "count"):
+        *key_values, at, lo, hi, mean, count = row
+        bucket = buckets[(*key_values, floor_to(at, tier.resolution))]
+        bucket[0] = min(bucket[0], lo)
+        bucket[1] = max(bucket[1], hi)
+        bucket[2] += mean * count
+        bucket[3] += count
+    for (*key_values, at), (lo, hi, total, count) in buckets.items():
+        yield {**dict(zip(keys, key_values, strict=True)), "resolution": tier.resolution,
+               "start": at, "min": lo, "max": hi, "mean": total / count, "count": count}
+
+
+def _replace(table, start: datetime, until: datetime, tier: Tier, rows: list) -> int:
+    table.filter(resolution=tier.resolution, start__gte=start, start__lt=until).delete()
+    table.model.objects.bulk_create(rows, batch_size=2000)
+    return len(rows)
 
 
 def prune_node(node: Node, now: datetime, raw_days: float, rollup_days: float) -> PruneResult:
-    """Delete raw samples older than ``raw_days`` (once rolled up) and roll-ups past
-    ``rollup_days``."""
+    """Delete raw samples older than ``raw_days`` (once rolled up), each roll-up tier past its
+    age, and events and ledger changes past ``rollup_days``."""
     raw_cutoff = now - timedelta(days=raw_days)
     if node.rolled_up_until is not None:
         raw_cutoff = min(raw_cutoff, node.rolled_up_until)
     else:
         raw_cutoff = min(raw_cutoff, now - timedelta(days=rollup_days))
+    engine_ids = list(Engine.objects.filter(node=node).values_list("pk", flat=True))
     samples = 0
     for metric in Metric.values:  # one (node, metric, at) index range per delete
         samples += Sample.objects.filter(node=node, metric=metric, at__lt=raw_cutoff).delete()[0]
-    collections = Collection.objects.filter(node=node, at__lt=raw_cutoff).delete()[0]
-    history_cutoff = now - timedelta(days=rollup_days)
-    rollups = Rollup.objects.filter(node=node, minute__lt=history_cutoff).delete()[0]
-    # Engine series have no roll-up yet: they are kept as long as raw host samples. Events and
-    # ledger changes (alert causes, timeline markers) are few and kept as long as roll-ups.
-    engine_cutoff = now - timedelta(days=raw_days)
-    for engine_id in Engine.objects.filter(node=node).values_list("pk", flat=True):
+    for engine_id in engine_ids:
         for metric in EngineMetric.values:  # one (engine, metric, at) index range per delete
             samples += EngineSample.objects.filter(engine_id=engine_id, metric=metric,
-                                                   at__lt=engine_cutoff).delete()[0]
-    Event.objects.filter(node=node, at__lt=history_cutoff).delete()
-    LedgerChange.objects.filter(node=node, at__lt=history_cutoff).delete()
+                                                   at__lt=raw_cutoff).delete()[0]
+    collections = Collection.objects.filter(node=node, at__lt=raw_cutoff).delete()[0]
+    history = timedelta(days=rollup_days)
+    rollups = 0
+    for tier in TIERS:
+        cutoff = now - min(tier.keep or history, history)
+        rollups += Rollup.objects.filter(node=node, resolution=tier.resolution,
+                                         start__lt=cutoff).delete()[0]
+        rollups += EngineRollup.objects.filter(engine_id__in=engine_ids,
+                                               resolution=tier.resolution,
+                                               start__lt=cutoff).delete()[0]
+    # Events and ledger changes (alert causes, timeline markers) are few: kept as long as history.
+    Event.objects.filter(node=node, at__lt=now - history).delete()
+    LedgerChange.objects.filter(node=node, at__lt=now - history).delete()
     return PruneResult(samples=samples, collections=collections, rollups=rollups)

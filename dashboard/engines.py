@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from collectors.models import Engine, EngineMetric, EngineSample, Event, Node
-from dashboard.downsample import SeriesPoint, break_long_gaps, downsample
-from dashboard.memory import GIB, RANGES
+from collectors.models import Engine, EngineMetric, Event, Node
+from dashboard.downsample import break_long_gaps, downsample
+from dashboard.memory import GIB, RANGES, gap_step_seconds
 from dashboard.restarts.models import Restart
+from dashboard.series import engine_points, resolution_for, source_label
 
 UNKNOWN = "unknown"
 
@@ -122,15 +123,14 @@ ENGINE_SERIES = [
 def engine_series(engine: Engine, range_key: str, now: datetime, max_points: int,
                   interval: float) -> dict:
     """The engine page's series over ``range_key``; a failed scrape is simply absent (a gap)."""
-    start = now - RANGES[range_key]
+    span = RANGES[range_key]
+    start = now - span
+    resolution = resolution_for(span)
+    step = gap_step_seconds(span, max_points, interval, resolution)
     series = []
-    bucket = RANGES[range_key].total_seconds() / max(max_points // 3, 1)
     for key, metric, label, unit in ENGINE_SERIES:
-        rows = EngineSample.objects.filter(engine=engine, metric=metric, at__gte=start) \
-            .order_by("at").values_list("at", "value")
-        points = [SeriesPoint(at, value, value) for at, value in rows]
-        reduced = break_long_gaps(downsample(points, max_points) if points else [],
-                                  max(3 * interval + 5, 2 * bucket))
+        points = engine_points(engine.pk, metric, start, None, resolution)
+        reduced = break_long_gaps(downsample(points, max_points) if points else [], step)
         series.append({"key": key, "label": label, "unit": unit,
                        "x": [at.isoformat() for at, _ in reduced],
                        "y": [value for _, value in reduced]})
@@ -140,6 +140,7 @@ def engine_series(engine: Engine, range_key: str, now: datetime, max_points: int
         "range": range_key,
         "start": start.isoformat(),
         "end": now.isoformat(),
+        "source": source_label(resolution),
         "max_num_seqs": (engine.config or {}).get("max_num_seqs"),
         "series": series,
         "events": [{"at": e.at.isoformat(), "kind": e.kind, "message": e.message}

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from collectors.models import Collection, Metric, Node, Rollup, Sample
+from collectors.models import Collection, Metric, Node, Sample
 from dashboard.downsample import SeriesPoint, break_long_gaps, downsample
+from dashboard.series import host_points, resolution_for, source_label
 
 GIB = 1024**3
 
@@ -20,9 +21,6 @@ RANGES: dict[str, timedelta] = {
     "7d": timedelta(days=7),
     "30d": timedelta(days=30),
 }
-# Up to this span the chart reads raw samples (24 h at 5 s = 17,280 rows per series); longer
-# spans read the per-minute roll-ups.
-RAW_SPAN_LIMIT = timedelta(hours=24)
 
 
 @dataclass(frozen=True)
@@ -110,32 +108,25 @@ def current_headroom(node: Node, now: datetime, interval: float) -> dict:
 
 
 def _latest_samples(node: Node, collection: Collection) -> dict[int, Sample]:
-    # The interval minimum is stored at the instant it was seen, inside the window.
+    # The interval minimum is stored at the instant it was seen, inside the window; naming the
+    # metrics lets the database read one short (node, metric, at) index range for each.
     rows = Sample.objects.filter(
-        node=node, at__gte=collection.window_started_at, at__lte=collection.at
+        node=node, metric__in=[figure.metric for figure in FIGURES],
+        at__gte=collection.window_started_at, at__lte=collection.at,
     ).order_by("at")
     return {row.metric: row for row in rows}
 
 
-def uses_raw(span: timedelta) -> bool:
-    """Whether a chart over ``span`` reads raw samples (else the per-minute roll-ups)."""
-    return span <= RAW_SPAN_LIMIT
-
-
-def gap_step_seconds(span: timedelta, max_points: int, interval: float, raw: bool) -> float:
+def gap_step_seconds(span: timedelta, max_points: int, interval: float, resolution: int
+                     ) -> float:
     """The longest step a line may bridge before it is broken into a gap.
 
-    Three missed collections (raw) or three missed minutes (roll-ups), and never less than two
+    Three missed collections (raw) or three missed buckets (roll-ups), and never less than two
     downsampling buckets, so a reduced series is not chopped up by its own buckets.
     """
     bucket = span.total_seconds() / max(max_points // 3, 1)
-    return max(3 * interval + 5, 2 * bucket) if raw else max(180.0, 2 * bucket)
-
-
-def host_points(node: Node, metric: Metric, start: datetime, raw: bool) -> list[SeriesPoint]:
-    """One host-memory series from ``start`` on, in bytes (or %), unreduced: raw samples or
-    per-minute roll-ups (min and max of each minute, so no dip is lost)."""
-    return _raw_points(node, metric, start) if raw else _rollup_points(node, metric, start)
+    missed = 3 * interval + 5 if resolution == 0 else 3 * resolution
+    return max(missed, 2 * bucket)
 
 
 def collection_failures(node: Node, start: datetime, end: datetime) -> list[tuple[datetime, str]]:
@@ -159,12 +150,12 @@ def chart_series(node: Node, range_key: str, now: datetime, max_points: int, int
     """Series for the overview chart over ``range_key``, each at most ``max_points`` long."""
     span = RANGES[range_key]
     start = now - span
-    use_raw = uses_raw(span)
+    resolution = resolution_for(span)
     failures = collection_failures(node, start, now)
-    step = gap_step_seconds(span, max_points, interval, use_raw)
+    step = gap_step_seconds(span, max_points, interval, resolution)
     series = []
     for figure in FIGURES:
-        reduced = reduce_series(host_points(node, figure.metric, start, use_raw), failures,
+        reduced = reduce_series(host_points(node.pk, figure.metric, start, resolution), failures,
                                 max_points, step)
         series.append({
             "key": figure.key,
@@ -178,21 +169,11 @@ def chart_series(node: Node, range_key: str, now: datetime, max_points: int, int
         "range": range_key,
         "start": start.isoformat(),
         "end": now.isoformat(),
-        "source": "raw" if use_raw else "rollup",
+        "source": source_label(resolution),
         "max_points": max_points,
         "series": series,
         "failures": [{"at": at.isoformat(), "error": error} for at, error in failures],
     }
-
-
-def _raw_points(node: Node, metric: Metric, start: datetime) -> list[SeriesPoint]:
-    rows = Sample.objects.filter(node=node, metric=metric, at__gte=start).order_by("at")
-    return [SeriesPoint(at, value, value) for at, value in rows.values_list("at", "value")]
-
-
-def _rollup_points(node: Node, metric: Metric, start: datetime) -> list[SeriesPoint]:
-    rows = Rollup.objects.filter(node=node, metric=metric, minute__gte=start).order_by("minute")
-    return [SeriesPoint(m, lo, hi) for m, lo, hi in rows.values_list("minute", "min", "max")]
 
 
 def _merge_failures(points: list[SeriesPoint], failures: list[tuple[datetime, str]]

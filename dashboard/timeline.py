@@ -21,8 +21,8 @@ show; before its first row in range a component has the ``after`` of its last ea
 the first row's ``before``, except an engine's first appearance, ``0 → size``, which starts it).
 
 Unknown is ``None`` (a gap), never 0. Every series has at most ``max_points`` points.
-Cost: about five queries per engine plus a dozen for the node; engine samples over ranges
-longer than a day are bucketed in the database.
+Cost: a few queries per series, each one index range of the tier that suits the range
+(``dashboard.series``), at most a couple of thousand rows.
 """
 
 from __future__ import annotations
@@ -30,22 +30,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db.models import Max, Min, Q
-from django.db.models.functions import TruncHour, TruncMinute
+from django.db.models import Q
 
-from collectors.models import Engine, EngineMetric, EngineSample, Event, LedgerChange, Metric, Node
+from collectors.models import Engine, EngineMetric, Event, LedgerChange, Metric, Node
 from dashboard.alerting.models import Alert
-from dashboard.downsample import SeriesPoint
-from dashboard.memory import (
-    GIB,
-    RANGES,
-    collection_failures,
-    gap_step_seconds,
-    host_points,
-    reduce_series,
-    uses_raw,
-)
+from dashboard.memory import GIB, RANGES, collection_failures, gap_step_seconds, reduce_series
 from dashboard.restarts.models import Restart
+from dashboard.series import engine_points, host_points, resolution_for, source_label
 
 Points = list[tuple[datetime, float | None]]
 
@@ -110,23 +101,23 @@ def timeline(node: Node, range_key: str, now: datetime, max_points: int, interva
     """
     span = RANGES[range_key]
     start = now - span
-    raw = uses_raw(span)
+    resolution = resolution_for(span)
     # Each series is reduced to half the budget: breaking long gaps can add at most one point
     # per point, so the result stays within ``max_points``.
     budget = max(max_points // 2, 3)
-    step = gap_step_seconds(span, budget, interval, raw)
+    step = gap_step_seconds(span, budget, interval, resolution)
     failures = collection_failures(node, start, now)
     engines = _engines_in_range(node, start)
-    series = _host_series(node, start, raw, failures, budget, step)
-    series += _ledger_series(node, engines, start, now, span, budget, step)
+    series = _host_series(node, start, resolution, failures, budget, step)
+    series += _ledger_series(node, engines, start, now, resolution, budget, step)
     for engine in engines:
-        series += _engine_rate_series(engine, start, now, span, budget, step)
+        series += _engine_rate_series(engine, start, now, resolution, budget, step)
     return {
         "node": node.name,
         "range": range_key,
         "start": start.isoformat(),
         "end": now.isoformat(),
-        "source": "raw" if raw else "rollup",
+        "source": source_label(resolution),
         "max_points": max_points,
         "panels": PANELS,
         "engines": [engine.name for engine in engines],
@@ -152,11 +143,12 @@ def _entry(panel: str, key: str, label: str, unit: str, points: Points, *,
     }
 
 
-def _host_series(node: Node, start: datetime, raw: bool,
+def _host_series(node: Node, start: datetime, resolution: int,
                  failures: list[tuple[datetime, str]], budget: int, step: float) -> list[dict]:
     out = []
     for spec in HOST_SERIES:
-        points = reduce_series(host_points(node, spec.metric, start, raw), failures, budget, step)
+        points = reduce_series(host_points(node.pk, spec.metric, start, resolution), failures,
+                               budget, step)
         scale = 1 / GIB if spec.unit == "GiB" else 1.0
         out.append(_entry("headroom", spec.key, spec.label, spec.unit, points, scale=scale))
     return out
@@ -164,41 +156,27 @@ def _host_series(node: Node, start: datetime, raw: bool,
 
 # --- engine samples ------------------------------------------------------------------------------
 
-def engine_points(engine_id: int, metric: EngineMetric, start: datetime, end: datetime,
-                  span: timedelta) -> list[SeriesPoint]:
-    """One engine series in [start, end]: raw samples up to a day, else per-minute (up to a week)
-    or per-hour min and max computed by the database (engine samples have no roll-up table)."""
-    rows = EngineSample.objects.filter(engine_id=engine_id, metric=metric, at__gte=start,
-                                       at__lte=end)
-    if uses_raw(span):
-        return [SeriesPoint(at, value, value)
-                for at, value in rows.order_by("at").values_list("at", "value")]
-    trunc = TruncMinute("at") if span <= timedelta(days=7) else TruncHour("at")
-    buckets = rows.annotate(bucket=trunc).values("bucket") \
-        .annotate(lo=Min("value"), hi=Max("value")).order_by("bucket")
-    return [SeriesPoint(b["bucket"], b["lo"], b["hi"]) for b in buckets]
-
-
-def _engine_rate_series(engine: Engine, start: datetime, end: datetime, span: timedelta,
+def _engine_rate_series(engine: Engine, start: datetime, end: datetime, resolution: int,
                         budget: int, step: float) -> list[dict]:
     out = []
     for panel, key, metric, label, scale in ENGINE_SERIES:
-        points = reduce_series(engine_points(engine.pk, metric, start, end, span), [], budget,
-                               step)
+        points = reduce_series(engine_points(engine.pk, metric, start, end, resolution), [],
+                               budget, step)
         out.append(_entry(panel, f"{engine.name}:{key}", f"{engine.name} {label}",
                           "%" if panel == "kv" else "tok/s", points, engine=engine.name,
                           scale=scale))
     return out
 
 
-def _holdings(engine: Engine, start: datetime, end: datetime, span: timedelta, budget: int,
+def _holdings(engine: Engine, start: datetime, end: datetime, resolution: int, budget: int,
               step: float) -> dict:
     """What the engine holds: NVML's per-process figure when there is one in range (GPU
     allocations on GB10), else the container's cgroup, which does not count them."""
-    points = engine_points(engine.pk, EngineMetric.GPU_MEMORY, start, end, span)
+    points = engine_points(engine.pk, EngineMetric.GPU_MEMORY, start, end, resolution)
     source = "NVML per-process"
     if not any(p.high is not None for p in points):
-        points = engine_points(engine.pk, EngineMetric.CONTAINER_MEMORY, start, end, span)
+        points = engine_points(engine.pk, EngineMetric.CONTAINER_MEMORY, start, end,
+                               resolution)
         source = "cgroup, without GPU allocations"
     reduced = reduce_series(points, [], budget, step)
     return _entry("ledger", f"{engine.name}:holds", f"{engine.name} holds ({source})", "GiB",
@@ -208,12 +186,12 @@ def _holdings(engine: Engine, start: datetime, end: datetime, span: timedelta, b
 # --- the ledger, stepwise from its change rows ---------------------------------------------------
 
 def _ledger_series(node: Node, engines: list[Engine], start: datetime, end: datetime,
-                   span: timedelta, budget: int, step: float) -> list[dict]:
+                   resolution: int, budget: int, step: float) -> list[dict]:
     out = []
     current = node.ledger or {}
     present_engine_ids = {share.get("engine_id") for share in current.get("engines", [])}
     for engine in engines:
-        out.append(_holdings(engine, start, end, span, budget, step))
+        out.append(_holdings(engine, start, end, resolution, budget, step))
         key = f"engine:{engine.pk}:kv_pool"
         carry = end if engine.pk in present_engine_ids else min(engine.last_seen, end)
         points = step_series(node, key, start, end, carry, appearance_from_zero=True)

@@ -164,7 +164,9 @@ SPARKOPS_COLLECT_INTERVAL = env_float("SPARKOPS_COLLECT_INTERVAL", 5.0, minimum=
 # How often MemAvailable is read inside an interval; 0.1 s catches any dip of 0.5 s or longer.
 SPARKOPS_DIP_PERIOD = env_float("SPARKOPS_DIP_PERIOD", 0.1, minimum=0.01)
 SPARKOPS_PROCFS = env_str("SPARKOPS_PROCFS", "/proc")
-SPARKOPS_RAW_RETENTION_DAYS = env_float("SPARKOPS_RAW_RETENTION_DAYS", 7, minimum=0.01)
+# History is kept in tiers (collectors.retention): raw 5 s samples for a day, then minute,
+# ten-minute and hourly roll-ups (min/mean/max), the last for SPARKOPS_ROLLUP_RETENTION_DAYS.
+SPARKOPS_RAW_RETENTION_DAYS = env_float("SPARKOPS_RAW_RETENTION_DAYS", 1, minimum=0.01)
 SPARKOPS_ROLLUP_RETENTION_DAYS = env_float("SPARKOPS_ROLLUP_RETENTION_DAYS", 90, minimum=1)
 # A ledger component (an engine's KV pool, page cache, a process) moving by more than this share
 # of MemTotal is recorded as a change an alert can name as its cause.

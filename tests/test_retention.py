@@ -23,10 +23,10 @@ def test_rollup_makes_min_mean_max_per_minute_and_skips_unknowns(node):
     written = rollup_node(node, now=T0 + timedelta(minutes=5))
 
     assert written == 3
-    first = Rollup.objects.get(node=node, metric=Metric.MEM_AVAILABLE, minute=T0)
+    first = Rollup.objects.get(node=node, metric=Metric.MEM_AVAILABLE, start=T0)
     assert (first.min, first.mean, first.max, first.count) == (4.0, 7.0, 10.0, 3)
     second = Rollup.objects.get(node=node, metric=Metric.MEM_AVAILABLE,
-                                minute=T0 + timedelta(minutes=1))
+                                start=T0 + timedelta(minutes=1))
     assert (second.min, second.max, second.count) == (3.0, 3.0, 1)
     node.refresh_from_db()
     assert node.rolled_up_until == T0 + timedelta(minutes=4, seconds=0)
@@ -52,19 +52,21 @@ def test_prune_keeps_raw_for_its_retention_and_rollups_longer(node):
     Collection.objects.create(node=node, at=now - timedelta(days=8),
                               window_started_at=now - timedelta(days=8), ok=True)
     Rollup.objects.bulk_create([
-        Rollup(node=node, metric=Metric.MEM_AVAILABLE, minute=now - timedelta(days=91),
-               min=1, max=1, mean=1, count=1),
-        Rollup(node=node, metric=Metric.MEM_AVAILABLE, minute=now - timedelta(days=89),
-               min=1, max=1, mean=1, count=1),
+        Rollup(node=node, metric=Metric.MEM_AVAILABLE, resolution=resolution,
+               start=now - timedelta(days=days), min=1, max=1, mean=1, count=1)
+        for resolution, days in [(60, 1), (60, 3), (600, 30), (600, 40), (3600, 89), (3600, 91)]
     ])
     node.rolled_up_until = now - timedelta(minutes=1)
     node.save()
 
     result = prune_node(node, now, raw_days=7, rollup_days=90)
 
-    assert (result.samples, result.collections, result.rollups) == (1, 1, 1)
+    assert (result.samples, result.collections, result.rollups) == (1, 1, 3)
     assert list(Sample.objects.values_list("value", flat=True)) == [2.0]
-    assert Rollup.objects.get().minute == now - timedelta(days=89)
+    # Minute buckets for 2 days, ten-minute buckets for 35, hourly ones as long as history.
+    kept = {(r.resolution, round((now - r.start) / timedelta(days=1)))
+            for r in Rollup.objects.all()}
+    assert kept == {(60, 1), (600, 30), (3600, 89)}
 
 
 def test_prune_never_drops_raw_samples_that_are_not_rolled_up(node):
@@ -103,3 +105,52 @@ def test_prune_removes_old_engine_samples_events_and_ledger_changes(node):
     assert list(EngineSample.objects.values_list("value", flat=True)) == [2.0]
     assert list(Event.objects.values_list("message", flat=True)) == ["kept"]
     assert not LedgerChange.objects.exists()
+
+
+def test_engine_samples_roll_up_like_host_samples(node):
+    from collectors.models import Engine, EngineMetric, EngineRollup, EngineSample
+
+    engine = Engine.objects.create(node=node, name="gemma", container_id="c" * 64,
+                                   container_state="running")
+    EngineSample.objects.bulk_create([
+        EngineSample(engine=engine, metric=EngineMetric.DECODE_TPS, at=T0 + timedelta(seconds=s),
+                     value=v)
+        for s, v in [(5, 30.0), (10, None), (15, 10.0), (20, 20.0)]
+    ])
+
+    rollup_node(node, now=T0 + timedelta(minutes=5))
+
+    row = EngineRollup.objects.get(engine=engine, resolution=60)
+    assert (row.start, row.min, row.mean, row.max, row.count) == (T0, 10.0, 20.0, 30.0, 3)
+
+
+def test_coarser_tiers_keep_the_dip_and_weigh_the_mean_by_samples(node):
+    """A ten-minute bucket is made from its minutes once the last one is rolled up: the lowest
+    minimum survives, and the mean counts every sample once."""
+    Sample.objects.bulk_create(
+        [_sample(node, T0 + timedelta(seconds=5 * i), 10.0) for i in range(1, 12)]  # minute 0
+        + [_sample(node, T0 + timedelta(minutes=4, seconds=30), 1.0)]  # a lone dip in minute 4
+    )
+
+    rollup_node(node, now=T0 + timedelta(minutes=9, seconds=59))
+    assert not Rollup.objects.filter(resolution=600).exists()  # minute 9 is not closed yet
+
+    rollup_node(node, now=T0 + timedelta(minutes=10, seconds=31))
+    bucket = Rollup.objects.get(resolution=600)
+    assert (bucket.start, bucket.min, bucket.max, bucket.count) == (T0, 1.0, 10.0, 12)
+    assert bucket.mean == (11 * 10.0 + 1.0) / 12
+
+
+def test_coarse_buckets_are_completed_across_a_pause_in_collection(node):
+    """Samples stop mid-hour and resume hours later: the buckets that ended in the pause are
+    still made from the minutes before it."""
+    Sample.objects.create(node=node, metric=Metric.MEM_AVAILABLE, at=T0 + timedelta(minutes=3),
+                          value=5.0)
+    rollup_node(node, now=T0 + timedelta(minutes=5))
+    Sample.objects.create(node=node, metric=Metric.MEM_AVAILABLE, at=T0 + timedelta(hours=5),
+                          value=7.0)
+
+    rollup_node(node, now=T0 + timedelta(hours=5, minutes=2))
+
+    coarse = {(r.resolution, r.start): r.mean for r in Rollup.objects.exclude(resolution=60)}
+    assert coarse == {(600, T0): 5.0, (3600, T0): 5.0}

@@ -19,6 +19,7 @@ from collectors.models import (
     Rollup,
     Sample,
 )
+from collectors.retention import floor_to
 from dashboard.alerting.models import Alert
 from dashboard.restarts.models import Restart
 from dashboard.timeline import timeline
@@ -200,22 +201,27 @@ def test_markers_tell_restarts_alerts_phase_changes_and_stalls(node, now):
     assert "stalled for 83 s" in markers[5]["text"]
 
 
-def test_long_ranges_read_rollups_and_bucket_engine_samples(node, now):
-    minute = now.replace(second=0) - timedelta(days=2)
-    Rollup.objects.create(node=node, metric=Metric.MEM_AVAILABLE, minute=minute,
-                          min=2 * GIB, max=9 * GIB, mean=5 * GIB, count=12)
+def test_long_ranges_read_the_ten_minute_tier_then_finer_rows_up_to_now(node, now):
+    from collectors.models import EngineRollup
+
+    bucket = floor_to(now - timedelta(days=2), 600)
+    Rollup.objects.create(node=node, metric=Metric.MEM_AVAILABLE, resolution=600, start=bucket,
+                          min=2 * GIB, max=9 * GIB, mean=5 * GIB, count=120)
     gemma = _engine(node, "gemma")
-    EngineSample.objects.bulk_create([
-        EngineSample(engine=gemma, metric=EngineMetric.DECODE_TPS,
-                     at=minute + timedelta(seconds=5 * i), value=value)
-        for i, value in enumerate([40.0, 2.0, 41.0, 39.0])
-    ])
+    EngineRollup.objects.create(engine=gemma, metric=EngineMetric.DECODE_TPS, resolution=600,
+                                start=bucket, min=2.0, max=41.0, mean=30.0, count=480)
+    # Newer than the last ten-minute bucket: a minute roll-up, then raw samples.
+    EngineRollup.objects.create(engine=gemma, metric=EngineMetric.DECODE_TPS, resolution=60,
+                                start=bucket + timedelta(minutes=10), min=7.0, max=7.0,
+                                mean=7.0, count=12)
+    EngineSample.objects.create(engine=gemma, metric=EngineMetric.DECODE_TPS,
+                                at=bucket + timedelta(minutes=11, seconds=5), value=8.0)
 
     data = timeline(node, "7d", now, 2000, 5.0)
 
-    assert data["source"] == "rollup"
-    assert _series(data, "mem_available")["y"] == [2.0, 9.0]
-    assert _series(data, "gemma:decode_tps")["y"] == [2.0, 41.0]  # the minute's min and max
+    assert data["source"] == "10 min"
+    assert _series(data, "mem_available")["y"] == [2.0, 9.0]  # the bucket's min and max
+    assert _series(data, "gemma:decode_tps")["y"] == [2.0, 41.0, 7.0, 8.0]
 
 
 def test_timeline_json_needs_login_and_a_known_range(admin_client, node):
@@ -225,4 +231,4 @@ def test_timeline_json_needs_login_and_a_known_range(admin_client, node):
 
     data = admin_client.get("/api/nodes/spark-a/timeline.json?range=6h").json()
 
-    assert data["range"] == "6h" and data["source"] == "raw" and data["max_points"] == 2000
+    assert data["range"] == "6h" and data["source"] == "1 min" and data["max_points"] == 2000

@@ -119,14 +119,14 @@ def test_memory_json_downsamples_and_keeps_the_dip(admin_client, node, settings)
 def test_memory_json_uses_rollups_for_long_ranges(admin_client, node):
     from collectors.models import Rollup
 
-    minute = timezone.now().replace(second=0, microsecond=0) - timedelta(days=2)
-    Rollup.objects.create(node=node, metric=Metric.MEM_AVAILABLE, minute=minute,
-                          min=2 * GIB, max=9 * GIB, mean=5 * GIB, count=12)
+    hour = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(days=20)
+    Rollup.objects.create(node=node, metric=Metric.MEM_AVAILABLE, resolution=3600, start=hour,
+                          min=2 * GIB, max=9 * GIB, mean=5 * GIB, count=720)
 
-    data = admin_client.get("/api/nodes/spark-a/memory.json?range=7d").json()
+    data = admin_client.get("/api/nodes/spark-a/memory.json?range=30d").json()
 
     available = next(s for s in data["series"] if s["key"] == "mem_available")
-    assert data["source"] == "rollup"
+    assert data["source"] == "1 h"
     assert available["y"] == [2.0, 9.0]
 
 

@@ -1,0 +1,59 @@
+"""Which tier a chart reads, and how the tiers are stitched up to now."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from collectors.models import Metric, Rollup, Sample
+from dashboard.series import host_points, resolution_for, source_label
+
+NOW = datetime(2026, 11, 20, 12, 0, 7, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("span", "resolution", "label"), [
+    (timedelta(hours=1), 0, "raw"),
+    (timedelta(hours=6), 60, "1 min"),
+    (timedelta(hours=24), 60, "1 min"),
+    (timedelta(days=7), 600, "10 min"),
+    (timedelta(days=30), 3600, "1 h"),
+    (timedelta(days=365), 3600, "1 h"),
+])
+def test_each_range_reads_the_finest_tier_with_at_most_1500_buckets(span, resolution, label):
+    assert resolution_for(span) == resolution
+    assert source_label(resolution) == label
+
+
+def _rollup(node, resolution, start, value):
+    return Rollup(node=node, metric=Metric.MEM_AVAILABLE, resolution=resolution, start=start,
+                  min=value, max=value + 1, mean=value, count=1)
+
+
+def test_an_hourly_chart_ends_with_minutes_and_raw_samples_not_an_hour_early(node):
+    Rollup.objects.bulk_create([
+        _rollup(node, 3600, datetime(2026, 11, 20, 10, tzinfo=UTC), 10.0),
+        # Covered by the hour above: must not be read twice.
+        _rollup(node, 60, datetime(2026, 11, 20, 10, 30, tzinfo=UTC), 99.0),
+        _rollup(node, 60, datetime(2026, 11, 20, 11, 0, tzinfo=UTC), 20.0),
+        _rollup(node, 60, datetime(2026, 11, 20, 11, 59, tzinfo=UTC), 30.0),
+        _rollup(node, 600, datetime(2026, 11, 20, 11, 0, tzinfo=UTC), 50.0),  # not the chosen tier
+    ])
+    Sample.objects.bulk_create([
+        Sample(node=node, metric=Metric.MEM_AVAILABLE, at=NOW - timedelta(seconds=30), value=5.0),
+        Sample(node=node, metric=Metric.MEM_AVAILABLE, at=NOW - timedelta(seconds=3), value=6.0),
+    ])
+
+    points = host_points(node.pk, Metric.MEM_AVAILABLE, NOW - timedelta(days=30), 3600)
+
+    assert [(p.low, p.high) for p in points] == [(10.0, 11.0), (20.0, 21.0), (30.0, 31.0),
+                                                 (6.0, 6.0)]
+
+
+def test_without_roll_ups_yet_a_long_chart_falls_back_to_raw_samples(node):
+    Sample.objects.create(node=node, metric=Metric.MEM_AVAILABLE, at=NOW - timedelta(hours=2),
+                          value=4.0)
+
+    points = host_points(node.pk, Metric.MEM_AVAILABLE, NOW - timedelta(days=7), 600)
+
+    assert [(p.low, p.high) for p in points] == [(4.0, 4.0)]
