@@ -135,6 +135,21 @@ def apply_retention(node, now: datetime) -> dict:
             "rollups": result.rollups}
 
 
+def kept_days() -> dict[int, float]:
+    """Days each tier is kept (``dataset.RAW`` or a roll-up resolution), from the settings and
+    ``collectors.retention.TIERS``."""
+    from django.conf import settings
+
+    from collectors.retention import TIERS
+
+    history = settings.SPARKOPS_ROLLUP_RETENTION_DAYS
+    keep = {dataset.RAW: settings.SPARKOPS_RAW_RETENTION_DAYS}
+    for tier in TIERS:
+        days = tier.keep / timedelta(days=1) if tier.keep else history
+        keep[tier.resolution] = min(days, history)
+    return keep
+
+
 def _writer(backend: str, database_url: str | None
             ) -> tuple[dataset.SqliteWriter | dataset.PostgresWriter, object]:
     """The bulk writer for this backend, and its timestamp format."""
@@ -158,25 +173,22 @@ def generate(profile: Profile, backend: str, workdir: Path, database_url: str | 
     """Step 1: an empty database, the world, and the dataset written day by day (§5 storage).
     Its timings are not measured, so the runner may run it while other phases run."""
     _setup(backend, workdir, database_url)
-    from django.conf import settings
 
     node, engines, _ = create_world(profile.chart_days)
     writer, stamp = _writer(backend, database_url)
     generator = dataset.Generator(node.pk, [e.pk for e in engines], stamp)
-    raw_days = settings.SPARKOPS_RAW_RETENTION_DAYS
-    # Whole minutes, so that no roll-up minute is split between two days.
-    end = datetime.now(UTC).replace(second=0, microsecond=0)
+    keep = kept_days()
+    # Whole hours, so that no roll-up bucket is split between two days.
+    end = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     growth = storage.generate_and_measure(
-        writer, generator, dataset.day_plan(end, profile.chart_days, raw_days))
+        writer, generator, dataset.day_plan(end, profile.chart_days, keep))
     pruned = apply_retention(node, end)
     writer.settle()
-    tables = writer.tables
-    stored = storage.summarize_storage(growth, writer, raw_days)
+    stored = storage.summarize_storage(growth, writer, keep[dataset.RAW], keep[60])
     stored["pruned_by_retention"] = pruned
     stored["retention_estimates"] = storage.retention_estimates(
-        stored, {"collection": tables.collection, "sample": tables.sample,
-                 "rollup": tables.rollup, "engine_sample": tables.engine_sample},
-        ENGINES, len(dataset.ENGINE_METRICS), raw_days)
+        stored, writer.tables.roles(), ENGINES, len(dataset.ENGINE_METRICS),
+        {"raw": keep[dataset.RAW], "minute": keep[60], "ten": keep[600], "hour": keep[3600]})
     writer.finish()
     print(f"  {backend}: {stored['days']:.1f} days generated in "
           f"{stored['generation_seconds']:.0f} s, {stored['total_mib']:.0f} MiB", flush=True)
@@ -192,6 +204,7 @@ def measure(profile: Profile, backend: str, workdir: Path, database_url: str | N
     from django.test import Client
 
     from collectors.models import Engine, Node
+    from collectors.retention import rollup_node
 
     node = Node.objects.get(name=NODE)
     engines = list(Engine.objects.filter(node=node).order_by("name"))
@@ -199,11 +212,11 @@ def measure(profile: Profile, backend: str, workdir: Path, database_url: str | N
     generator = dataset.Generator(node.pk, [e.pk for e in engines], stamp, seed=11)
     now = datetime.now(UTC)
     writer.write(generator.span(datetime.fromisoformat(generated["generated_until"]), now,
-                                raw=True))
+                                {dataset.RAW}))
     writer.finish()
-    node.rolled_up_until = now.replace(second=0, microsecond=0)
+    rollup_node(node, now)  # the project's own roll-up makes the tiers of the filled stretch
     node.last_collection_at = now
-    node.save(update_fields=["rolled_up_until", "last_collection_at"])
+    node.save(update_fields=["last_collection_at"])
 
     client = Client(HTTP_HOST="127.0.0.1")
     client.force_login(get_user_model().objects.get(username="admin"))

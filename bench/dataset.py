@@ -1,15 +1,18 @@
 """A node's history as SparkOps stores it, generated in bulk: 30 days of 5 s collections.
 
-What a node with four engines accumulates at the default interval, under the retention the code
-applies (``collectors.retention``):
+What a node with four engines accumulates at the default interval, under the tiers the code
+keeps (``collectors.retention``):
 
-* host samples (16 per collection: 11 meminfo fields, 5 derived), collections and engine
-  samples (12 per engine per collection: container memory, 3 gauges, 8 rates) — raw, for the
-  last ``SPARKOPS_RAW_RETENTION_DAYS`` (7) days only (engine samples have no roll-ups);
-* per-minute roll-ups (min/mean/max) of every host metric — the whole span (kept 90 days).
+* raw rows — a collection row, 16 host samples (11 meminfo fields, 5 derived) and 12 samples
+  per engine (container memory, 3 gauges, 8 rates) every 5 s — for the last
+  ``SPARKOPS_RAW_RETENTION_DAYS`` (1);
+* roll-ups (min/mean/max/count) of every host and engine metric, per minute for the last 2 days,
+  per ten minutes for the last 35 days and per hour for the whole span.
 
-The caller then runs the project's own ``prune_node`` over the result, so the database holds
-what retention keeps even if the code changes after this was written.
+Where raw rows are kept the roll-ups are made from them; further back, each minute's figures
+are drawn directly (three draws stand for its twelve collections), which gives the same rows at
+a fraction of the cost. The caller then runs the project's own ``prune_node`` over the result,
+so the database holds what retention keeps even if the code changes after this was written.
 
 Values are synthetic but shaped like real ones (byte counts in whole KiB, rates and fractions
 with decimals), which matters for SQLite's variable-length records. Rows go straight in with
@@ -22,8 +25,8 @@ from __future__ import annotations
 import math
 import random
 import sqlite3
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -47,21 +50,30 @@ class Tables:
     sample: str
     rollup: str
     engine_sample: str
+    engine_rollup: str
 
     @classmethod
     def from_models(cls) -> Tables:
-        from collectors.models import Collection, EngineSample, Rollup, Sample
+        from collectors.models import Collection, EngineRollup, EngineSample, Rollup, Sample
 
         return cls(Collection._meta.db_table, Sample._meta.db_table, Rollup._meta.db_table,
-                   EngineSample._meta.db_table)
+                   EngineSample._meta.db_table, EngineRollup._meta.db_table)
 
     def columns(self) -> dict[str, tuple[str, ...]]:
+        """Columns by table, in the order of :class:`Span`'s fields."""
+        bucket = ("metric", "resolution", "start", "min", "max", "mean", "count")
         return {
             self.collection: ("node_id", "at", "window_started_at", "reads", "ok", "error"),
             self.sample: ("node_id", "metric", "at", "value", "note"),
-            self.rollup: ("node_id", "metric", "minute", "min", "max", "mean", "count"),
+            self.rollup: ("node_id", *bucket),
             self.engine_sample: ("engine_id", "metric", "at", "value"),
+            self.engine_rollup: ("engine_id", *bucket),
         }
+
+    def roles(self) -> dict[str, str]:
+        """Role (a :class:`Span` field) → table name."""
+        return {"collection": self.collection, "sample": self.sample, "rollup": self.rollup,
+                "engine_sample": self.engine_sample, "engine_rollup": self.engine_rollup}
 
 
 def _kib(value: float) -> float:
@@ -101,21 +113,31 @@ def engine_values(rnd: random.Random) -> dict[int, float]:
     }
 
 
+RAW = 0  # the raw tier in a stretch's set of kept tiers; roll-up tiers are their seconds
+DRAWS_PER_MINUTE = 3  # figures drawn per minute where no raw rows are kept
+
+
 @dataclass
 class Span:
     """Rows of one stretch of time, by table."""
 
-    collection: list[tuple]
-    sample: list[tuple]
-    rollup: list[tuple]
-    engine_sample: list[tuple]
+    collection: list[tuple] = field(default_factory=list)
+    sample: list[tuple] = field(default_factory=list)
+    rollup: list[tuple] = field(default_factory=list)
+    engine_sample: list[tuple] = field(default_factory=list)
+    engine_rollup: list[tuple] = field(default_factory=list)
+
+    def by_role(self) -> dict[str, list[tuple]]:
+        return {"collection": self.collection, "sample": self.sample, "rollup": self.rollup,
+                "engine_sample": self.engine_sample, "engine_rollup": self.engine_rollup}
 
 
 class Generator:
     """Builds the rows of ``[start, end)`` for one node and its engines.
 
     ``timestamp`` formats a UTC datetime for the target database (SQLite stores Django's naive
-    UTC text; PostgreSQL takes ISO text with an offset).
+    UTC text; PostgreSQL takes ISO text with an offset). Spans must be asked for in time order:
+    a coarse bucket that a span leaves incomplete is finished by the next one.
     """
 
     def __init__(self, node_id: int, engine_ids: list[int],
@@ -128,46 +150,98 @@ class Generator:
         # sequence does not, and drawing ~50 random numbers per collection would dominate.
         self.engine_pool = [list(engine_values(self.rnd).items()) for _ in range(ENGINE_POOL)]
         self._next = 0
+        # Open coarse buckets: resolution → (bucket start, {(owner kind, id, metric): stats}).
+        self._open: dict[int, tuple[datetime, dict]] = {}
 
-    def span(self, start: datetime, end: datetime, *, raw: bool) -> Span:
-        """Rows of ``[start, end)``: roll-ups always; collections, host and engine samples
-        when ``raw`` (the stretch lies in the raw-retention window)."""
-        rnd, ts, node = self.rnd, self.timestamp, self.node_id
-        span = Span([], [], [], [])
-        minute_values: dict[int, list[float]] = {}
+    def span(self, start: datetime, end: datetime, tiers: Iterable[int]) -> Span:
+        """Rows of ``[start, end)`` (whole minutes) for the tiers kept there: ``RAW`` and/or
+        roll-up resolutions in seconds (60, 600, 3600)."""
+        tiers = frozenset(tiers)
+        span = Span()
         minute = _floor_minute(start)
-        for at in _ticks(start, end):
+        while minute < end:
+            seen = (self._raw_minute(minute, min(minute + timedelta(minutes=1), end), span)
+                    if RAW in tiers else self._drawn_minute(minute))
+            stats = {key: (min(v), max(v), sum(v) / len(v), 12) for key, v in seen.items()}
+            if 60 in tiers:
+                self._emit(span, 60, minute, stats)
+            for resolution in sorted(t for t in tiers if t > 60):
+                self._merge(span, resolution, minute, stats)
+            minute += timedelta(minutes=1)
+        for resolution, (bucket, stats) in list(self._open.items()):
+            if bucket + timedelta(seconds=resolution) <= end:  # complete: written now
+                self._emit(span, resolution, bucket, stats)
+                del self._open[resolution]
+        return span
+
+    def _raw_minute(self, minute: datetime, until: datetime, span: Span
+                    ) -> dict[tuple, list[float]]:
+        rnd, ts, node = self.rnd, self.timestamp, self.node_id
+        seen: dict[tuple, list[float]] = {}
+        for at in _ticks(minute, until):
             jittered = at + timedelta(microseconds=rnd.randint(20_000, 90_000))
             stamp = ts(jittered)
             host = host_values(jittered.timestamp(), rnd)
-            if raw:
-                window_start = ts(jittered - WINDOW)
-                span.collection.append((node, stamp, window_start, 48, True, ""))
-                # The interval minimum is stored when it was seen, inside the window.
-                dip = ts(max(jittered - timedelta(seconds=rnd.uniform(0, 4.75)), start))
-                span.sample.extend((node, metric, dip if metric == 4 else stamp, value, "")
-                                   for metric, value in host.items())
-            for engine in self.engine_ids if raw else ():
-                self._next = (self._next + 1) % ENGINE_POOL
-                span.engine_sample.extend((engine, metric, stamp, value)
-                                          for metric, value in self.engine_pool[self._next])
-            if _floor_minute(jittered) != minute:
-                span.rollup.extend(self._rollups(minute, minute_values))
-                minute, minute_values = _floor_minute(jittered), {}
+            span.collection.append((node, stamp, ts(jittered - WINDOW), 48, True, ""))
+            # The interval minimum is stored when it was seen, inside the window (and minute).
+            dip = ts(max(jittered - timedelta(seconds=rnd.uniform(0, 4.75)), minute))
+            span.sample.extend((node, metric, dip if metric == 4 else stamp, value, "")
+                               for metric, value in host.items())
             for metric, value in host.items():
-                minute_values.setdefault(metric, []).append(value)
-        span.rollup.extend(self._rollups(minute, minute_values))
-        return span
+                seen.setdefault(("node", node, metric), []).append(value)
+            for engine in self.engine_ids:
+                for metric, value in self._engine_figures():
+                    span.engine_sample.append((engine, metric, stamp, value))
+                    seen.setdefault(("engine", engine, metric), []).append(value)
+        return seen
 
-    def _rollups(self, minute: datetime, values: dict[int, list[float]]) -> Iterator[tuple]:
-        stamp = self.timestamp(minute)
-        for metric, seen in values.items():
-            yield (self.node_id, metric, stamp, min(seen), max(seen), sum(seen) / len(seen),
-                   len(seen))
+    def _drawn_minute(self, minute: datetime) -> dict[tuple, list[float]]:
+        seen: dict[tuple, list[float]] = {}
+        for draw in range(DRAWS_PER_MINUTE):
+            at = minute + timedelta(seconds=20 * draw)
+            for metric, value in host_values(at.timestamp(), self.rnd).items():
+                seen.setdefault(("node", self.node_id, metric), []).append(value)
+            for engine in self.engine_ids:
+                for metric, value in self._engine_figures():
+                    seen.setdefault(("engine", engine, metric), []).append(value)
+        return seen
+
+    def _engine_figures(self) -> list[tuple[int, float]]:
+        self._next = (self._next + 1) % ENGINE_POOL
+        return self.engine_pool[self._next]
+
+    def _merge(self, span: Span, resolution: int, minute: datetime, stats: dict) -> None:
+        bucket = _floor_to(minute, resolution)
+        opened = self._open.get(resolution)
+        if opened is not None and opened[0] != bucket:
+            self._emit(span, resolution, *opened)
+            opened = None
+        if opened is None:
+            opened = self._open[resolution] = (bucket, {})
+        merged = opened[1]
+        for key, (lo, hi, mean, count) in stats.items():
+            if key in merged:
+                m_lo, m_hi, m_mean, m_count = merged[key]
+                total = m_count + count
+                merged[key] = (min(lo, m_lo), max(hi, m_hi),
+                               (m_mean * m_count + mean * count) / total, total)
+            else:
+                merged[key] = (lo, hi, mean, count)
+
+    def _emit(self, span: Span, resolution: int, bucket: datetime, stats: dict) -> None:
+        stamp = self.timestamp(bucket)
+        for (owner, owner_id, metric), (lo, hi, mean, count) in stats.items():
+            row = (owner_id, metric, resolution, stamp, lo, hi, mean, count)
+            (span.rollup if owner == "node" else span.engine_rollup).append(row)
 
 
 def _floor_minute(moment: datetime) -> datetime:
     return moment.replace(second=0, microsecond=0)
+
+
+def _floor_to(moment: datetime, seconds: int) -> datetime:
+    stamp = moment.timestamp()
+    return datetime.fromtimestamp(stamp - stamp % seconds, UTC)
 
 
 def _ticks(start: datetime, end: datetime) -> Iterator[datetime]:
@@ -186,20 +260,22 @@ def postgres_timestamp(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(sep=" ")
 
 
-def day_plan(end: datetime, days: float, raw_days: float) -> list[tuple[datetime, datetime, bool]]:
-    """(start, end, raw host?) per generated day, oldest first; the last stretch may be short."""
+def day_plan(end: datetime, days: float, keep: dict[int, float]
+             ) -> list[tuple[datetime, datetime, frozenset[int]]]:
+    """(start, stop, tiers kept) per generated day, oldest first.
+
+    ``keep`` maps each tier (``RAW`` or a roll-up resolution) to the days it is kept; a day is
+    split where a tier's window begins, so each stretch keeps one set of tiers.
+    """
     start = end - timedelta(days=days)
-    raw_from = end - timedelta(days=raw_days)
+    edges = sorted({end - timedelta(days=d) for d in keep.values()
+                    if start < end - timedelta(days=d) < end})
     plan = []
     at = start
     while at < end:
-        stop = min(at + DAY, end)
-        # A day is "raw" when it lies in the raw-retention window (split exactly at its edge).
-        if at < raw_from < stop:
-            plan.append((at, raw_from, False))
-            at = raw_from
-            continue
-        plan.append((at, stop, at >= raw_from))
+        stop = min([at + DAY, end] + [edge for edge in edges if at < edge])
+        tiers = frozenset(tier for tier, d in keep.items() if at >= end - timedelta(days=d))
+        plan.append((at, stop, tiers))
         at = stop
     return plan
 
@@ -286,5 +362,5 @@ class PostgresWriter:
 
 
 def _by_table(tables: Tables, span: Span) -> list[tuple[str, list[tuple]]]:
-    return [(tables.collection, span.collection), (tables.sample, span.sample),
-            (tables.rollup, span.rollup), (tables.engine_sample, span.engine_sample)]
+    roles = tables.roles()
+    return [(roles[role], rows) for role, rows in span.by_role().items()]

@@ -447,6 +447,13 @@ def _pruned_note(available: dict[str, dict]) -> str:
             + " the dataset held beyond retention (the totals below are after it)")
 
 
+def _days(available: dict[str, dict], key: str) -> str:
+    days = next(iter(available.values())).get(key)
+    if days is None:
+        return "?"
+    return f"{days:g} day" + ("" if days == 1 else "s")
+
+
 def storage_section(results: dict) -> list[str]:
     lines = ["## 5. Storage", ""]
     data = {b: _phase(results, b) for b in ("sqlite", "postgresql")}
@@ -455,11 +462,14 @@ def storage_section(results: dict) -> list[str]:
         return lines + [f"Not measured: {data['sqlite'][1]}", ""]
     lines += [
         "The dataset of §4, written one day at a time and measured after each day (SQLite: the "
-        "file, write-ahead log folded in; PostgreSQL: `pg_total_relation_size` of the four "
-        "sample tables — rows, indexes, TOAST and maps — after VACUUM ANALYZE at the end). A "
-        "*raw day* (the last 7) holds 16 host samples, a collection row and 12 samples per "
-        "engine per 5 s, and the per-minute roll-ups; an *older day* holds what retention "
-        "leaves: the roll-ups. The project's own `prune_node` then ran over the result "
+        "file, write-ahead log folded in; PostgreSQL: `pg_total_relation_size` of the five "
+        "sample tables — rows, indexes, TOAST and maps — after VACUUM ANALYZE at the end). Each "
+        "day holds what the retention tiers keep at its age: a *raw day* (the last "
+        f"{_days(available, 'raw_days')}) a collection row, 16 host samples and 12 samples per "
+        "engine per 5 s, plus every roll-up tier; a *minute day* (up to "
+        f"{_days(available, 'minute_days')} back) the minute, ten-minute and hourly roll-ups "
+        "(min/mean/max/count of each host and engine metric); an *older day* the ten-minute "
+        "and hourly roll-ups. The project's own `prune_node` then ran over the result "
         + _pruned_note(available) + ".",
         "",
         "| | " + " | ".join(_db(b) for b in available) + " |",
@@ -469,20 +479,23 @@ def storage_section(results: dict) -> list[str]:
     def row(label: str, cell: Callable[[dict], str]) -> None:
         lines.append(f"| {label} | " + " | ".join(cell(s) for s in available.values()) + " |")
 
-    row("Raw day (MiB per node per day)", lambda s: fmt(s["raw_day_mib"], "MiB"))
-    row("Older day (MiB per node per day)", lambda s: fmt(s["older_day_mib"], "MiB"))
+    row("Raw day (MiB per node per day)", lambda s: fmt(s.get("raw_day_mib"), "MiB"))
+    row("Minute day (MiB per node per day)", lambda s: fmt(s.get("minute_day_mib"), "MiB"))
+    row("Older day (MiB per node per day)", lambda s: fmt(s.get("older_day_mib"), "MiB"))
     row("Measured total", lambda s: f"{s['total_mib']:.0f} MiB for {s['days']:g} days")
-    row("30 days extrapolated (7 raw + 23 older days, medians)",
+    row("30 days extrapolated (from the medians of each kind of day)",
         lambda s: _num(s.get("extrapolated_30d_mib"), "MiB"))
     for role, label in (("collectors_sample", "host sample"),
                         ("collectors_enginesample", "engine sample"),
-                        ("collectors_rollup", "roll-up"), ("collectors_collection", "collection")):
+                        ("collectors_rollup", "host roll-up"),
+                        ("collectors_enginerollup", "engine roll-up"),
+                        ("collectors_collection", "collection")):
         row(f"Bytes per {label} row (table + indexes)",
             lambda s, r=role: _num((s["tables"].get(r) or {}).get("bytes_per_row"), "B"))
-    row("Estimate, 30 days adding per-minute engine roll-ups (30-day engine charts)",
-        lambda s: f"{s['retention_estimates']['with_engine_rollups_30d_mib']:.0f} MiB")
-    row("Estimate, 30 days with 1 day raw for everything + roll-ups",
-        lambda s: f"{s['retention_estimates']['one_day_raw_30d_mib']:.0f} MiB")
+    row("Estimate, 30 days keeping raw rows 7 days (the earlier default)",
+        lambda s: f"{s['retention_estimates']['seven_days_raw_30d_mib']:.0f} MiB")
+    row("Estimate, 30 days keeping raw rows 12 hours",
+        lambda s: f"{s['retention_estimates']['half_day_raw_30d_mib']:.0f} MiB")
     lines.append("")
     for backend, stored in available.items():
         measured = stored["days"] >= 29.99

@@ -2,12 +2,13 @@
 
 The 30-day dataset (see ``bench.dataset``) is written one day at a time, oldest first, and the
 database is measured after each day: the SQLite file (write-ahead log folded in) and, on
-PostgreSQL, ``pg_total_relation_size`` of SparkOps' four sample tables. Days inside the raw
-window (the last 7) hold raw host samples, collections, engine samples and roll-ups; older days
-hold the roll-ups only, as retention leaves them. Each kind of day gives one
-growth sample per day; the 30-day figure is measured, and also extrapolated from the medians
-(7 raw days + 23 older days) as a check. Per-table sizes at the end give bytes per row, from
-which the report estimates what other retention choices would cost.
+PostgreSQL, ``pg_total_relation_size`` of SparkOps' five sample tables. Each day holds what the
+tiers of ``collectors.retention`` keep at its age: a *raw day* (the last one) raw rows and every
+roll-up tier; a *minute day* (the one before) minute, ten-minute and hourly roll-ups; an *older
+day* ten-minute and hourly roll-ups. Each kind of day gives one growth sample per day; the
+30-day figure is measured, and also extrapolated from the medians as a check. Per-table sizes
+at the end give bytes per row, from which the report estimates what other retention choices
+would cost.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from bench.dataset import DAY, Generator, PostgresWriter, SqliteWriter
+from bench.dataset import DAY, RAW, Generator, PostgresWriter, SqliteWriter
 from bench.stats import summarize
 
 MIB = 1024**2
@@ -23,7 +24,7 @@ MIB = 1024**2
 
 @dataclass
 class DayGrowth:
-    raw: bool
+    kind: str  # "raw", "minute" or "older": what retention keeps at the day's age
     days: float  # share of a day this stretch covers
     bytes: int
     rows: dict[str, int]
@@ -35,27 +36,28 @@ def generate_and_measure(writer: SqliteWriter | PostgresWriter, generator: Gener
     """Write the plan's days one by one; the database growth of each."""
     previous = writer.size()
     growth = []
-    for start, stop, raw in plan:
+    roles = writer.tables.roles()
+    for start, stop, tiers in plan:
         began = time.perf_counter()
-        span = generator.span(start, stop, raw=raw)
+        span = generator.span(start, stop, tiers)
         writer.write(span)
         size = writer.size()
-        rows = {table: len(table_rows) for table, table_rows in
-                zip(writer.tables.columns(), (span.collection, span.sample, span.rollup,
-                                              span.engine_sample), strict=True)}
-        growth.append(DayGrowth(raw=raw, days=(stop - start) / DAY, bytes=size - previous,
+        rows = {roles[role]: len(table_rows) for role, table_rows in span.by_role().items()}
+        kind = "raw" if RAW in tiers else "minute" if 60 in tiers else "older"
+        growth.append(DayGrowth(kind=kind, days=(stop - start) / DAY, bytes=size - previous,
                                 rows=rows, seconds=time.perf_counter() - began))
         previous = size
     return growth
 
 
 def summarize_storage(growth: list[DayGrowth], writer: SqliteWriter | PostgresWriter,
-                      raw_days: float) -> dict:
+                      raw_days: float, minute_days: float) -> dict:
     """Per-day growth by kind of day, per-table sizes and bytes per row, and the 30-day total
-    (measured, and extrapolated as raw_days raw days + the rest older days)."""
-    # Growth per day of each stretch; a short stretch (at the raw window's edge) is too noisy.
-    raw = summarize(g.bytes / g.days / MIB for g in growth if g.raw and g.days >= 0.25)
-    old = summarize(g.bytes / g.days / MIB for g in growth if not g.raw and g.days >= 0.25)
+    (measured, and extrapolated from the medians of each kind of day)."""
+    # Growth per day of each stretch; a short stretch (at a window's edge) is too noisy.
+    by_kind = {kind: summarize(g.bytes / g.days / MIB for g in growth
+                               if g.kind == kind and g.days >= 0.25)
+               for kind in ("raw", "minute", "older")}
     table_sizes = writer.table_sizes()
     rows: dict[str, int] = {}
     for day in growth:
@@ -74,43 +76,49 @@ def summarize_storage(growth: list[DayGrowth], writer: SqliteWriter | PostgresWr
     result = {
         "days": days,
         "raw_days": raw_days,
-        "raw_day_mib": raw.as_dict() if raw else None,
-        "older_day_mib": old.as_dict() if old else None,
+        "minute_days": minute_days,
+        **{f"{kind}_day_mib": stats.as_dict() if stats else None
+           for kind, stats in by_kind.items()},
         "total_mib": total / MIB,
         "tables": tables,
         "generation_seconds": sum(g.seconds for g in growth),
     }
-    if raw and old:
-        older = max(days - raw_days, 0)
-        result["extrapolated_30d_mib"] = raw_days * raw.median + (30 - raw_days) * old.median
-        result["extrapolated_span_mib"] = raw_days * raw.median + older * old.median
+    if all(by_kind.values()):
+        raw, minute, old = (by_kind[k].median for k in ("raw", "minute", "older"))
+        result["extrapolated_30d_mib"] = (raw_days * raw + (minute_days - raw_days) * minute
+                                          + (30 - minute_days) * old)
     if isinstance(writer, PostgresWriter):
         result["database_mib"] = writer.database_size() / MIB
     return result
 
 
 def retention_estimates(storage: dict, tables: dict[str, str], engines: int,
-                        engine_metrics: int, raw_days: float) -> dict:
+                        engine_metrics: int, keep: dict[str, float]) -> dict:
     """30-day size under retention choices, from measured bytes per row (an estimate).
 
-    ``tables`` maps the roles "collection", "sample", "rollup", "engine_sample" to table names.
+    ``tables`` maps the roles of ``Tables.roles`` to table names; ``keep`` the days each tier is
+    kept: "raw", "minute", "ten" (ten-minute) and "hour".
     """
     per_row = {role: storage["tables"].get(name, {}).get("bytes_per_row") or 0.0
                for role, name in tables.items()}
     collections_per_day = 86400 / 5
-    host_raw_day = collections_per_day * (16 * per_row["sample"] + per_row["collection"])
-    rollup_day = 1440 * 16 * per_row["rollup"]
-    engine_raw_day = collections_per_day * engines * engine_metrics * per_row["engine_sample"]
-    # Engine roll-ups do not exist yet; sized like host roll-up rows.
-    engine_rollup_day = 1440 * engines * engine_metrics * per_row["rollup"]
-    raw_day = host_raw_day + engine_raw_day
+    metrics = 16 + engines * engine_metrics
+    # Host and engine roll-up rows weigh almost the same; their mix, weighted by count.
+    rollup_row = (16 * per_row["rollup"] + engines * engine_metrics * per_row["engine_rollup"]) \
+        / metrics
+    raw_day = collections_per_day * (16 * per_row["sample"] + per_row["collection"]
+                                     + engines * engine_metrics * per_row["engine_sample"])
+    tier_day = {tier: metrics * buckets * rollup_row
+                for tier, buckets in (("minute", 1440), ("ten", 144), ("hour", 24))}
+
+    def over_30_days(days: dict[str, float]) -> float:
+        return (min(days["raw"], 30) * raw_day
+                + sum(min(days[tier], 30) * size for tier, size in tier_day.items())) / MIB
+
     return {
-        "current_30d_mib": (raw_days * raw_day + 30 * rollup_day) / MIB,
-        "with_engine_rollups_30d_mib": (raw_days * raw_day + 30 * (rollup_day + engine_rollup_day))
-        / MIB,
-        "one_day_raw_30d_mib": (raw_day + 30 * (rollup_day + engine_rollup_day)) / MIB,
-        "host_raw_day_mib": host_raw_day / MIB,
-        "engine_raw_day_mib": engine_raw_day / MIB,
-        "rollup_day_mib": rollup_day / MIB,
-        "engine_rollup_day_mib": engine_rollup_day / MIB,
+        "current_30d_mib": over_30_days(keep),
+        "seven_days_raw_30d_mib": over_30_days({**keep, "raw": 7}),
+        "half_day_raw_30d_mib": over_30_days({**keep, "raw": 0.5}),
+        "raw_day_mib": raw_day / MIB,
+        **{f"{tier}_day_mib": size / MIB for tier, size in tier_day.items()},
     }

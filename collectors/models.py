@@ -121,11 +121,11 @@ class Rollup(models.Model):
     count = models.PositiveIntegerField()  # raw samples behind the bucket
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["node", "metric", "resolution", "start"], name="rollup_unique_bucket"
-            )
-        ]
+        # A chart reads (node, metric, resolution, time range) and only min and max: with them in
+        # the index it never touches the table. One row per bucket is kept by the roll-up, which
+        # replaces buckets whole under a compare-and-set of the node's watermark.
+        indexes = [models.Index(fields=["node", "metric", "resolution", "start", "min", "max"],
+                                name="rollup_bucket_covering")]
 
 
 MANAGE_LABEL = "sparkops.manage"
@@ -235,11 +235,8 @@ class EngineRollup(models.Model):
     count = models.PositiveIntegerField()
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["engine", "metric", "resolution", "start"], name="erollup_unique_bucket"
-            )
-        ]
+        indexes = [models.Index(fields=["engine", "metric", "resolution", "start", "min", "max"],
+                                name="erollup_bucket_covering")]
 
 
 class Event(models.Model):

@@ -106,7 +106,10 @@ def rollup_node(node: Node, now: datetime, max_chunks: int = 8) -> int:
             break
         start = floor_minute(first)
         chunk_end = min(end, start + ROLLUP_CHUNK)
-        written += _advance(node, engine_ids, start, chunk_end)
+        rows = _advance(node, engine_ids, start, chunk_end)
+        if rows is None:  # another run rolled this node up meanwhile: it carries on
+            break
+        written += rows
         start = chunk_end
     return written
 
@@ -123,14 +126,25 @@ def _first_sample_at(node: Node, engine_ids: list[int], since: datetime | None
     return min((moment for moment in firsts if moment is not None), default=None)
 
 
-def _advance(node: Node, engine_ids: list[int], start: datetime, until: datetime) -> int:
+def _advance(node: Node, engine_ids: list[int], start: datetime, until: datetime
+             ) -> int | None:
     """Recompute the minutes of [start, until), the coarser buckets completed since the
-    watermark (samples may have paused in between), and move the watermark, atomically."""
-    if node.rolled_up_until is not None and until <= node.rolled_up_until:
+    watermark (samples may have paused in between), and move the watermark, atomically.
+
+    Returns the rows written, or None when another run moved the watermark first."""
+    watermark = node.rolled_up_until
+    if watermark is not None and until <= watermark:
         return 0
-    completed_since = min(start, node.rolled_up_until or start)
+    completed_since = min(start, watermark or start)
     written = 0
     with transaction.atomic():
+        # Compare-and-set first: a concurrent run that moved the watermark since ``node`` was
+        # read wins, and this one writes nothing (the update also takes the write lock, so the
+        # two never interleave).
+        if not Node.objects.filter(pk=node.pk, rolled_up_until=watermark).update(
+                rolled_up_until=until):
+            node.refresh_from_db(fields=["rolled_up_until"])
+            return None
         host = _minute_rows(Sample.objects.filter(node=node), ("metric",), start, until)
         engine = _minute_rows(EngineSample.objects.filter(engine_id__in=engine_ids),
                               ("engine_id", "metric"), start, until)
@@ -141,7 +155,6 @@ def _advance(node: Node, engine_ids: list[int], start: datetime, until: datetime
         for finer, tier in zip(TIERS, TIERS[1:], strict=False):
             written += _rollup_tier(node, engine_ids, finer, tier, completed_since, until)
         node.rolled_up_until = until
-        node.save(update_fields=["rolled_up_until"])
     return written
 
 

@@ -13,12 +13,14 @@ Cost: one pass, O(n) time and O(buckets) memory.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class SeriesPoint:
+class SeriesPoint(NamedTuple):
+    """One point of a series: a raw sample (low == high) or a roll-up bucket (min, max).
+    A named tuple: charts build tens of thousands of them per request."""
+
     at: datetime
     low: float | None
     high: float | None

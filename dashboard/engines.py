@@ -128,8 +128,10 @@ def engine_series(engine: Engine, range_key: str, now: datetime, max_points: int
     resolution = resolution_for(span)
     step = gap_step_seconds(span, max_points, interval, resolution)
     series = []
+    found = engine_points(engine, [spec[1] for spec in ENGINE_SERIES], start, None,
+                          resolution)
     for key, metric, label, unit in ENGINE_SERIES:
-        points = engine_points(engine.pk, metric, start, None, resolution)
+        points = found[metric]
         reduced = break_long_gaps(downsample(points, max_points) if points else [], step)
         series.append({"key": key, "label": label, "unit": unit,
                        "x": [at.isoformat() for at, _ in reduced],

@@ -153,10 +153,10 @@ def chart_series(node: Node, range_key: str, now: datetime, max_points: int, int
     resolution = resolution_for(span)
     failures = collection_failures(node, start, now)
     step = gap_step_seconds(span, max_points, interval, resolution)
+    points = host_points(node, [figure.metric for figure in FIGURES], start, resolution)
     series = []
     for figure in FIGURES:
-        reduced = reduce_series(host_points(node.pk, figure.metric, start, resolution), failures,
-                                max_points, step)
+        reduced = reduce_series(points[figure.metric], failures, max_points, step)
         series.append({
             "key": figure.key,
             "label": figure.label,

@@ -129,8 +129,11 @@ def timeline(node: Node, range_key: str, now: datetime, max_points: int, interva
 
 def _engines_in_range(node: Node, start: datetime) -> list[Engine]:
     """Engines present now, or seen at some point inside the range."""
-    return list(Engine.objects.filter(node=node).filter(Q(present=True) | Q(last_seen__gte=start))
-                .order_by("name"))
+    engines = list(Engine.objects.filter(node=node)
+                   .filter(Q(present=True) | Q(last_seen__gte=start)).order_by("name"))
+    for engine in engines:
+        engine.node = node  # the roll-up watermark of this request, without a query per engine
+    return engines
 
 
 def _entry(panel: str, key: str, label: str, unit: str, points: Points, *,
@@ -145,10 +148,10 @@ def _entry(panel: str, key: str, label: str, unit: str, points: Points, *,
 
 def _host_series(node: Node, start: datetime, resolution: int,
                  failures: list[tuple[datetime, str]], budget: int, step: float) -> list[dict]:
+    found = host_points(node, [spec.metric for spec in HOST_SERIES], start, resolution)
     out = []
     for spec in HOST_SERIES:
-        points = reduce_series(host_points(node.pk, spec.metric, start, resolution), failures,
-                               budget, step)
+        points = reduce_series(found[spec.metric], failures, budget, step)
         scale = 1 / GIB if spec.unit == "GiB" else 1.0
         out.append(_entry("headroom", spec.key, spec.label, spec.unit, points, scale=scale))
     return out
@@ -158,10 +161,11 @@ def _host_series(node: Node, start: datetime, resolution: int,
 
 def _engine_rate_series(engine: Engine, start: datetime, end: datetime, resolution: int,
                         budget: int, step: float) -> list[dict]:
+    found = engine_points(engine, [spec[2] for spec in ENGINE_SERIES], start, end,
+                          resolution)
     out = []
     for panel, key, metric, label, scale in ENGINE_SERIES:
-        points = reduce_series(engine_points(engine.pk, metric, start, end, resolution), [],
-                               budget, step)
+        points = reduce_series(found[metric], [], budget, step)
         out.append(_entry(panel, f"{engine.name}:{key}", f"{engine.name} {label}",
                           "%" if panel == "kv" else "tok/s", points, engine=engine.name,
                           scale=scale))
@@ -172,11 +176,12 @@ def _holdings(engine: Engine, start: datetime, end: datetime, resolution: int, b
               step: float) -> dict:
     """What the engine holds: NVML's per-process figure when there is one in range (GPU
     allocations on GB10), else the container's cgroup, which does not count them."""
-    points = engine_points(engine.pk, EngineMetric.GPU_MEMORY, start, end, resolution)
+    found = engine_points(engine, [EngineMetric.GPU_MEMORY, EngineMetric.CONTAINER_MEMORY],
+                          start, end, resolution)
+    points = found[EngineMetric.GPU_MEMORY]
     source = "NVML per-process"
     if not any(p.high is not None for p in points):
-        points = engine_points(engine.pk, EngineMetric.CONTAINER_MEMORY, start, end,
-                               resolution)
+        points = found[EngineMetric.CONTAINER_MEMORY]
         source = "cgroup, without GPU allocations"
     reduced = reduce_series(points, [], budget, step)
     return _entry("ledger", f"{engine.name}:holds", f"{engine.name} holds ({source})", "GiB",
@@ -309,10 +314,9 @@ def _alert_markers(node: Node, start: datetime, end: datetime) -> list[dict]:
 
 def _event_markers(node: Node, start: datetime, end: datetime) -> list[dict]:
     rows = Event.objects.filter(node=node, kind__in=list(MARKED_EVENTS), at__gte=start,
-                                at__lte=end).select_related("engine").order_by("at")
+                                at__lte=end).order_by("at") \
+        .values_list("pk", "at", "kind", "severity", "message", "engine__name")
     return [{
-        "at": _iso(event.at), "lane": "engines", "kind": event.kind,
-        "label": MARKED_EVENTS[event.kind], "engine": event.engine.name if event.engine else None,
-        "severity": event.severity, "text": event.message[:300], "id": event.pk,
-    } for event in rows]
-
+        "at": _iso(at), "lane": "engines", "kind": kind, "label": MARKED_EVENTS[kind],
+        "engine": engine, "severity": severity, "text": message[:300], "id": pk,
+    } for pk, at, kind, severity, message, engine in rows]

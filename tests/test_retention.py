@@ -38,7 +38,8 @@ def test_rollup_waits_for_the_grace_period_and_is_idempotent(node):
 
     assert rollup_node(node, now=T0 + timedelta(seconds=70)) == 0  # minute closed 10 s ago
     assert rollup_node(node, now=T0 + timedelta(seconds=95)) == 1
-    node.rolled_up_until = None
+    node.rolled_up_until = None  # history rolled up again from the start: same rows, once
+    node.save()
     assert rollup_node(node, now=T0 + timedelta(seconds=95)) == 1
     assert Rollup.objects.count() == 1
 
@@ -154,3 +155,21 @@ def test_coarse_buckets_are_completed_across_a_pause_in_collection(node):
 
     coarse = {(r.resolution, r.start): r.mean for r in Rollup.objects.exclude(resolution=60)}
     assert coarse == {(600, T0): 5.0, (3600, T0): 5.0}
+
+
+def test_two_runs_racing_on_one_node_write_each_bucket_once(node):
+    """Two workers read the node before either rolls it up: the second one's compare-and-set
+    of the watermark fails, and it writes nothing."""
+    from collectors.models import Node
+
+    Sample.objects.create(node=node, metric=Metric.MEM_AVAILABLE, at=T0 + timedelta(seconds=5),
+                          value=5.0)
+    first, second = Node.objects.get(pk=node.pk), Node.objects.get(pk=node.pk)
+
+    assert rollup_node(first, now=T0 + timedelta(hours=2)) > 0
+    assert rollup_node(second, now=T0 + timedelta(hours=2)) == 0
+
+    assert Rollup.objects.filter(resolution=60).count() == 1
+    assert Rollup.objects.filter(resolution=3600).count() == 1
+    second.refresh_from_db()
+    assert second.rolled_up_until == T0 + timedelta(hours=1, minutes=59)

@@ -31,29 +31,34 @@ def _rollup(node, resolution, start, value):
 
 
 def test_an_hourly_chart_ends_with_minutes_and_raw_samples_not_an_hour_early(node):
+    """Hours up to the watermark's hour, minutes up to the watermark, raw samples after it."""
+    node.rolled_up_until = datetime(2026, 11, 20, 11, 59, tzinfo=UTC)
     Rollup.objects.bulk_create([
         _rollup(node, 3600, datetime(2026, 11, 20, 10, tzinfo=UTC), 10.0),
         # Covered by the hour above: must not be read twice.
         _rollup(node, 60, datetime(2026, 11, 20, 10, 30, tzinfo=UTC), 99.0),
         _rollup(node, 60, datetime(2026, 11, 20, 11, 0, tzinfo=UTC), 20.0),
-        _rollup(node, 60, datetime(2026, 11, 20, 11, 59, tzinfo=UTC), 30.0),
         _rollup(node, 600, datetime(2026, 11, 20, 11, 0, tzinfo=UTC), 50.0),  # not the chosen tier
     ])
     Sample.objects.bulk_create([
         Sample(node=node, metric=Metric.MEM_AVAILABLE, at=NOW - timedelta(seconds=30), value=5.0),
         Sample(node=node, metric=Metric.MEM_AVAILABLE, at=NOW - timedelta(seconds=3), value=6.0),
+        # Rolled up already (before the watermark): read from the minute tier, not twice.
+        Sample(node=node, metric=Metric.MEM_AVAILABLE, at=NOW - timedelta(minutes=5), value=1.0),
     ])
 
-    points = host_points(node.pk, Metric.MEM_AVAILABLE, NOW - timedelta(days=30), 3600)
+    points = host_points(node, [Metric.MEM_AVAILABLE], NOW - timedelta(days=30),
+                         3600)[Metric.MEM_AVAILABLE]
 
-    assert [(p.low, p.high) for p in points] == [(10.0, 11.0), (20.0, 21.0), (30.0, 31.0),
+    assert [(p.low, p.high) for p in points] == [(10.0, 11.0), (20.0, 21.0), (5.0, 5.0),
                                                  (6.0, 6.0)]
 
 
-def test_without_roll_ups_yet_a_long_chart_falls_back_to_raw_samples(node):
+def test_before_the_first_roll_up_a_long_chart_reads_raw_samples(node):
     Sample.objects.create(node=node, metric=Metric.MEM_AVAILABLE, at=NOW - timedelta(hours=2),
                           value=4.0)
 
-    points = host_points(node.pk, Metric.MEM_AVAILABLE, NOW - timedelta(days=7), 600)
+    points = host_points(node, [Metric.MEM_AVAILABLE], NOW - timedelta(days=7),
+                         600)[Metric.MEM_AVAILABLE]
 
     assert [(p.low, p.high) for p in points] == [(4.0, 4.0)]

@@ -216,6 +216,8 @@ def test_long_ranges_read_the_ten_minute_tier_then_finer_rows_up_to_now(node, no
                                 mean=7.0, count=12)
     EngineSample.objects.create(engine=gemma, metric=EngineMetric.DECODE_TPS,
                                 at=bucket + timedelta(minutes=11, seconds=5), value=8.0)
+    node.rolled_up_until = bucket + timedelta(minutes=11)
+    node.save()
 
     data = timeline(node, "7d", now, 2000, 5.0)
 

@@ -122,6 +122,8 @@ def test_memory_json_uses_rollups_for_long_ranges(admin_client, node):
     hour = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(days=20)
     Rollup.objects.create(node=node, metric=Metric.MEM_AVAILABLE, resolution=3600, start=hour,
                           min=2 * GIB, max=9 * GIB, mean=5 * GIB, count=720)
+    node.rolled_up_until = hour + timedelta(hours=1)
+    node.save()
 
     data = admin_client.get("/api/nodes/spark-a/memory.json?range=30d").json()
 

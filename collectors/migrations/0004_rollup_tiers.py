@@ -56,11 +56,10 @@ class Migration(migrations.Migration):
             name="resolution",
             field=models.PositiveIntegerField(default=60),
         ),
-        migrations.AddConstraint(
+        migrations.AddIndex(
             model_name="rollup",
-            constraint=models.UniqueConstraint(
-                fields=("node", "metric", "resolution", "start"), name="rollup_unique_bucket"
-            ),
+            index=models.Index(fields=["node", "metric", "resolution", "start", "min", "max"],
+                               name="rollup_bucket_covering"),
         ),
         migrations.CreateModel(
             name="EngineRollup",
@@ -84,9 +83,9 @@ class Migration(migrations.Migration):
                                              related_name="+", to="collectors.engine")),
             ],
             options={
-                "constraints": [models.UniqueConstraint(
-                    fields=("engine", "metric", "resolution", "start"),
-                    name="erollup_unique_bucket")],
+                "indexes": [models.Index(
+                    fields=["engine", "metric", "resolution", "start", "min", "max"],
+                    name="erollup_bucket_covering")],
             },
         ),
         migrations.AddIndex(
