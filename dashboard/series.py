@@ -90,19 +90,18 @@ def _points(samples: QuerySet, rollups: QuerySet, metrics: list[int], start: dat
 
 
 def _fetch(rows: QuerySet, time_field: str, *fields: str) -> list[tuple]:
-    """``rows.values_list(time_field, *fields)``, faster on SQLite.
+    """``rows.values_list(time_field, *fields)``, with the time parsed fast.
 
-    A chart reads thousands of rows, and on SQLite Django converts each stored timestamp text
-    in Python, which costs more than the query itself: there the time is selected as text and
-    parsed by ``datetime.fromisoformat`` (SQLite stores naive UTC). Other databases hand back
-    datetimes from their driver already.
+    A chart reads tens of thousands of rows, and Django turns each stored timestamp into an
+    aware datetime in Python (SQLite's text; PostgreSQL's through a time-zone-aware loader),
+    which costs more than the query itself. Here the time is selected as text and parsed by
+    ``datetime.fromisoformat``: SQLite stores naive UTC, PostgreSQL sends its offset.
     """
     connection = connections[rows.db]
-    if connection.vendor != "sqlite":
-        return list(rows.values_list(time_field, *fields))
+    suffix = "+00:00" if connection.vendor == "sqlite" else ""
     sql, params = rows.annotate(time_text=Cast(time_field, CharField())) \
         .values_list("time_text", *fields).query.sql_with_params()
     parse = datetime.fromisoformat
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return [(parse(row[0] + "+00:00"), *row[1:]) for row in cursor.fetchall()]
+        return [(parse(row[0] + suffix), *row[1:]) for row in cursor.fetchall()]

@@ -1,0 +1,59 @@
+"""Run as a program against the database of ``DATABASE_URL``: roll a day of samples up into
+every tier with the project's own code, read them back as charts do, and print what came back.
+
+``tests/test_series_postgres.py`` runs it on PostgreSQL, where timestamps travel differently
+than on SQLite (the fast time parsing of ``dashboard.series`` must agree with Django's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import UTC, datetime, timedelta
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sparkops.settings")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import django  # noqa: E402
+
+django.setup()
+
+from collectors.models import Engine, EngineMetric, EngineSample, Metric, Node, Sample  # noqa: E402
+from collectors.retention import rollup_node  # noqa: E402
+from dashboard.series import engine_points, host_points  # noqa: E402
+
+T0 = datetime(2026, 11, 1, 0, 0, tzinfo=UTC)
+
+
+def main() -> None:
+    node = Node.objects.create(name="pg-node")
+    engine = Engine.objects.create(node=node, name="gemma", container_id="g" * 64,
+                                   container_state="running")
+    ticks = [T0 + timedelta(seconds=5 * i) for i in range(12 * 155)]  # 2 h 35 min
+    Sample.objects.bulk_create(
+        Sample(node=node, metric=Metric.MEM_AVAILABLE, at=at, value=1.0 if i == 100 else 9.0)
+        for i, at in enumerate(ticks))
+    EngineSample.objects.bulk_create(
+        EngineSample(engine=engine, metric=EngineMetric.DECODE_TPS, at=at, value=float(i % 7))
+        for i, at in enumerate(ticks))
+    now = ticks[-1] + timedelta(seconds=20)  # the last minute is not rolled up yet
+    while rollup_node(node, now):
+        pass
+    node.refresh_from_db()
+    engine.node = node
+    out = {}
+    for resolution in (0, 60, 600, 3600):
+        host = host_points(node, [Metric.MEM_AVAILABLE], T0, resolution)[Metric.MEM_AVAILABLE]
+        tps = engine_points(engine, [EngineMetric.DECODE_TPS], T0, None,
+                            resolution)[EngineMetric.DECODE_TPS]
+        out[resolution] = {
+            "host_points": len(host), "host_min": min(p.low for p in host),
+            "first": host[0].at.isoformat(), "last": host[-1].at.isoformat(),
+            "engine_points": len(tps), "engine_max": max(p.high for p in tps),
+        }
+    print(json.dumps({"watermark": node.rolled_up_until.isoformat(), "tiers": out}))
+
+
+if __name__ == "__main__":
+    main()
