@@ -74,13 +74,14 @@ def _role(process: psutil.Process, parent_role: str | None, default: str) -> str
         cmdline = " ".join(process.cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return default
-    if "runstack" in cmdline:
+    if "runstack" in cmdline or "supervise.py" in cmdline:  # runstack execs the supervisor
         return "runstack supervisor"
     if "gunicorn" in cmdline:
         return "gunicorn worker" if parent_role == "gunicorn master" else "gunicorn master"
     if " beat" in cmdline:
         return "celery beat"
     if "celery" in cmdline:
+        # With the thread pool (the default) there are no children; with prefork there are.
         return "celery pool child" if parent_role == "celery worker" else "celery worker"
     return default
 

@@ -70,7 +70,8 @@ def prepare(env: dict[str, str]) -> None:
 
 
 class SparkOpsStack:
-    """``manage.py runstack``: gunicorn (2 workers), the Celery worker (concurrency 4), beat."""
+    """``manage.py runstack`` with its defaults: the supervisor, gunicorn (1 worker, 4 threads),
+    the Celery worker (8 threads, beat in a thread)."""
 
     def __init__(self, env: dict[str, str], log_dir: Path) -> None:
         self.port = free_port()

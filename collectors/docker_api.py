@@ -3,6 +3,15 @@
 Works unchanged against Docker and against Podman's Docker-compatible service. The socket comes
 from ``SPARKOPS_DOCKER_HOST``, else ``DOCKER_HOST``, else the Docker default. Every call has a
 timeout; a missing or dead engine raises :class:`ContainerEngineError` with the reason.
+
+Cost per collection: one list call, then an inspect only for containers that may have changed
+since they were last inspected, and a container's memory read from its cgroup file. An inspect
+is reused while the container's first process is the same one (same PID and kernel start time,
+checked in ``/proc``, in the container's cgroup) and the list shows the same state and name: a
+restart, a stop, a pause or a rename is seen there and inspected again. Where ``/proc`` or the
+cgroup files do not show the container (another PID or cgroup namespace), every container is
+inspected and its memory comes from the engine's stats call, as before. The API version is
+negotiated once per address and kept while the engine answers.
 """
 
 from __future__ import annotations
@@ -11,10 +20,13 @@ import os
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 
 import docker
 import docker.errors
 import requests.exceptions
+
+from collectors.procfs import container_cgroups, process_start_time
 
 ENGINE_LABEL = "sparkops.engine"
 URL_LABEL = "sparkops.url"
@@ -63,15 +75,32 @@ class EngineContainer:
         return self.state == "running"
 
 
+# API version negotiated per engine address ("" for the default socket), so that a client made
+# for every collection does not ask the engine for its version each time. Forgotten when the
+# engine fails a call (it may have been upgraded or replaced).
+_api_versions: dict[str, str] = {}
+
+
 def client(base_url: str | None = None) -> docker.DockerClient:
     url = base_url or os.environ.get("SPARKOPS_DOCKER_HOST") or os.environ.get("DOCKER_HOST")
+    version = _api_versions.get(url or "", "auto")
     try:
         if url:
-            return docker.DockerClient(base_url=url, timeout=API_TIMEOUT_SECONDS)
-        return docker.from_env(timeout=API_TIMEOUT_SECONDS)
+            made = docker.DockerClient(base_url=url, timeout=API_TIMEOUT_SECONDS, version=version)
+        else:
+            made = docker.from_env(timeout=API_TIMEOUT_SECONDS, version=version)
     except docker.errors.DockerException as error:
+        _api_versions.pop(url or "", None)
         raise ContainerEngineError(f"no container engine at {url or 'the default socket'}: "
                                    f"{error}") from None
+    _api_versions[url or ""] = made.api.api_version
+    if made.api.base_url.startswith("http+docker://"):
+        # A Unix socket: proxy variables and .netrc never apply, and requests would otherwise
+        # scan the whole environment for them on every call.
+        made.api.trust_env = False
+    return made
+
+
 
 
 def is_vllm_engine(attrs: dict) -> bool:
@@ -86,18 +115,98 @@ def is_vllm_engine(attrs: dict) -> bool:
     return any(_VLLM_WORD.search(word) for word in words)
 
 
-def discover_engines(engine: docker.DockerClient) -> list[EngineContainer]:
-    """Every vLLM container on this engine, running or not, with memory for running ones."""
+def discover_engines(engine: docker.DockerClient, *, proc_root: Path = Path("/proc"),
+                     cgroup_root: Path = Path("/sys/fs/cgroup")) -> list[EngineContainer]:
+    """Every vLLM container on this engine, running or not, with memory for running ones.
+
+    ``proc_root`` and ``cgroup_root`` are where this host's processes and cgroups are seen.
+    """
     try:
         listed = engine.api.containers(all=True)
         found = []
         for summary in listed:
-            attrs = engine.api.inspect_container(summary["Id"])
-            if is_vllm_engine(attrs):
-                found.append(_engine_container(engine, attrs))
-        return found
+            seen = _inspect(engine, summary, _inspected.get(summary["Id"]), proc_root)
+            _inspected[summary["Id"]] = seen
+            if is_vllm_engine(seen.attrs):
+                memory = None
+                if (seen.attrs.get("State") or {}).get("Status") == "running":
+                    memory = _cgroup_memory(seen.memory_file, cgroup_root)
+                    if memory is None:
+                        memory = _memory_usage(engine, seen.attrs["Id"])
+                found.append(_engine_container(seen.attrs, memory))
     except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        _api_versions.clear()
+        _inspected.clear()
         raise ContainerEngineError(f"container engine error: {error}") from None
+    for gone in _inspected.keys() - {summary["Id"] for summary in listed}:
+        _inspected.pop(gone, None)
+    return found
+
+
+# --- inspecting only what may have changed ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Inspected:
+    """A container's inspect, and what must still hold for it to be reused.
+
+    ``listed``: its state and names in the list call; ``process``: the PID and kernel start
+    time of its first process, seen in ``/proc`` and in the container's own cgroup (None when
+    that could not be checked: the inspect is then never reused); ``memory_file``: its cgroup's
+    memory usage file, relative to the cgroup root (None: use the stats call).
+    """
+
+    attrs: dict
+    listed: tuple
+    process: tuple[int, str] | None
+    memory_file: str | None
+
+
+# container id (unique across engines) -> its last inspect
+_inspected: dict[str, _Inspected] = {}
+
+
+def _listed(summary: dict) -> tuple:
+    return (summary.get("State"), tuple(summary.get("Names") or ()))
+
+
+def _inspect(engine: docker.DockerClient, summary: dict, previous: _Inspected | None,
+             proc_root: Path) -> _Inspected:
+    """The container's inspect: the previous one while nothing can have changed, else anew."""
+    listed = _listed(summary)
+    if (previous is not None and previous.process is not None and previous.listed == listed
+            and process_start_time(previous.process[0], proc_root) == previous.process[1]):
+        return previous
+    attrs = engine.api.inspect_container(summary["Id"])
+    state = attrs.get("State") or {}
+    pid = state.get("Pid") or None
+    process, memory_file = None, None
+    if state.get("Status") == "running" and pid:
+        started = process_start_time(pid, proc_root)
+        cgroups = container_cgroups(pid, attrs["Id"], proc_root)
+        if started is not None and cgroups is not None:
+            process, memory_file = (pid, started), _memory_file(cgroups)
+    return _Inspected(attrs=attrs, listed=listed, process=process, memory_file=memory_file)
+
+
+def _memory_file(cgroups: dict[str, str]) -> str | None:
+    """The file whose value the engine's stats call reports as memory usage: cgroup v1's
+    ``memory.usage_in_bytes`` when the memory controller is a v1 one, else v2's
+    ``memory.current``."""
+    if "memory" in cgroups:
+        return f"memory/{cgroups['memory']}/memory.usage_in_bytes"
+    if "" in cgroups:
+        return f"{cgroups['']}/memory.current"
+    return None
+
+
+def _cgroup_memory(memory_file: str | None, cgroup_root: Path) -> int | None:
+    if memory_file is None:
+        return None
+    try:
+        return int((cgroup_root / memory_file).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def container_logs(engine: docker.DockerClient, container_id: str, tail: int = 20_000) -> str:
@@ -109,7 +218,7 @@ def container_logs(engine: docker.DockerClient, container_id: str, tail: int = 2
     return raw.decode("utf-8", errors="replace")
 
 
-def _engine_container(engine: docker.DockerClient, attrs: dict) -> EngineContainer:
+def _engine_container(attrs: dict, memory_usage_bytes: int | None) -> EngineContainer:
     state = attrs.get("State") or {}
     config = attrs.get("Config") or {}
     host_config = attrs.get("HostConfig") or {}
@@ -135,7 +244,7 @@ def _engine_container(engine: docker.DockerClient, attrs: dict) -> EngineContain
         ],
         network_mode=host_config.get("NetworkMode") or "",
         published_ports=_published_ports(attrs),
-        memory_usage_bytes=_memory_usage(engine, attrs["Id"]) if running else None,
+        memory_usage_bytes=memory_usage_bytes if running else None,
         oom_killed=bool(state.get("OOMKilled")),
     )
 

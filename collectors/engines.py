@@ -2,14 +2,19 @@
 
 One call of :func:`collect_engines` lists the engine containers through the container engine,
 reads their launch flags, startup logs and bind mounts, scrapes their ``/metrics`` (in parallel,
-each with a total deadline), computes rates against the previous scrape, and stores per engine
+each with a total deadline), computes rates against the previous scrape, and stores every engine
 in one transaction: a failed scrape commits no samples, only the reason.
+
+Cost: a few queries per collection whatever the number of engines (the node's engines are read
+once, samples and events written in bulk), and of an engine's row only the fields that changed
+are written.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -83,16 +88,24 @@ def collect_engines(
     outcomes = _scrape_all({cid: url for cid, url in urls.items() if url}, containers)
     gpu_by_container = _gpu_memory_by_container(gpu, proc_root) if gpu else {}
 
-    present = []
+    known = {e.name: e for e in Engine.objects.filter(node=node)}
+    present, samples, events = [], [], []
     for container in containers:
         config, config_error = configs[container.id]
-        engine = _update_engine(
-            node, api, container, config, config_error, urls[container.id],
-            outcomes.get(container.id), gpu_by_container.get(container.id), now, proc_root,
+        engine, changed = _update_engine(
+            node, api, known.get(container.name), container, config, config_error,
+            urls[container.id], outcomes.get(container.id), gpu_by_container.get(container.id),
+            now, proc_root, samples, events,
         )
-        present.append(engine)
-    _mark_gone(node, {e.pk for e in present}, now)
-    return present
+        present.append((engine, changed))
+    with transaction.atomic():
+        for engine, changed in present:
+            if changed:
+                engine.save(update_fields=changed)
+        EngineSample.objects.bulk_create(samples)
+        Event.objects.bulk_create(events)
+        _mark_gone(node, known.values(), {e.pk for e, _ in present}, now)
+    return [engine for engine, _ in present]
 
 
 def _parse_config(container: EngineContainer) -> tuple[EngineConfig | None, str]:
@@ -135,9 +148,20 @@ def _identity(container_id: str, started_at: datetime | None) -> str:
     return f"{container_id}@{started_at.isoformat() if started_at else '?'}"
 
 
+# What a collection sets on an engine's row; of these only the changed ones are written.
+_COLLECTED_FIELDS = (
+    "container_id", "image", "container_state", "phase", "started_at", "restart_count",
+    "exit_code", "command", "labels", "env", "model_bytes_per_token", "config", "config_error",
+    "findings", "metrics_url", "memory_usage_bytes", "gpu_memory_bytes", "present", "last_seen",
+    "startup", "logs_read_at", "last_scrape_at", "last_scrape_error", "last_scrape_ok_at",
+    "metrics", "rates",
+)
+
+
 def _update_engine(
     node: Node,
     api: docker.DockerClient,
+    engine: Engine | None,
     container: EngineContainer,
     config: EngineConfig | None,
     config_error: str,
@@ -146,13 +170,19 @@ def _update_engine(
     gpu_memory: int | None,
     now: datetime,
     proc_root: Path,
-) -> Engine:
-    engine, created = Engine.objects.get_or_create(
-        node=node, name=container.name,
-        defaults={"container_id": container.id, "container_state": container.state,
-                  "started_at": container.started_at, "first_seen": now},
-    )
-    events: list[Event] = []
+    samples: list[EngineSample],
+    events: list[Event],
+) -> tuple[Engine, list[str]]:
+    """Fold the container's state into its engine (created when new); add its samples and
+    events to the lists. Returns the engine and the names of the fields to write."""
+    created = engine is None
+    if engine is None:
+        engine, created = Engine.objects.get_or_create(
+            node=node, name=container.name,
+            defaults={"container_id": container.id, "container_state": container.state,
+                      "started_at": container.started_at, "first_seen": now},
+        )
+    before = {name: getattr(engine, name) for name in _COLLECTED_FIELDS}
     identity = _identity(container.id, container.started_at)
     restarted = not created and identity != _identity(engine.container_id, engine.started_at)
     if created:
@@ -211,14 +241,12 @@ def _update_engine(
         engine.startup = startup.as_dict()
         engine.logs_read_at = now
 
-    samples = _container_samples(engine, now)
+    samples += _container_samples(engine, now)
     if outcome is not None:
         events += _apply_scrape(engine, outcome, identity, now, samples)
-    with transaction.atomic():
-        engine.save()
-        EngineSample.objects.bulk_create(samples)
-        Event.objects.bulk_create(events)
-    return engine
+    changed = [name for name, value in before.items()
+               if getattr(engine, name) != value or type(getattr(engine, name)) is not type(value)]
+    return engine, changed
 
 
 def _read_startup(api: docker.DockerClient, engine: Engine, container: EngineContainer,
@@ -365,13 +393,17 @@ def _rates_since_last(engine: Engine, current: Observation) -> Rates | None:
     return compute_rates(previous, current)
 
 
-def _mark_gone(node: Node, present_ids: set[int], now: datetime) -> None:
-    gone = Engine.objects.filter(node=node, present=True).exclude(pk__in=present_ids)
-    for engine in gone:
-        Event.objects.create(node=node, engine=engine, at=now, kind="engine-gone",
-                             severity="warning",
-                             message=f"Engine {engine.name}'s container is gone.")
-    gone.update(present=False, phase="gone")
+def _mark_gone(node: Node, known: Iterable[Engine], present_ids: set[int], now: datetime) -> None:
+    gone = [e for e in known if e.present and e.pk not in present_ids]
+    if not gone:
+        return
+    Event.objects.bulk_create([
+        Event(node=node, engine=engine, at=now, kind="engine-gone", severity="warning",
+              message=f"Engine {engine.name}'s container is gone.")
+        for engine in gone
+    ])
+    Engine.objects.filter(pk__in=[e.pk for e in gone], present=True) \
+        .update(present=False, phase="gone")
 
 
 def _event(engine: Engine, at: datetime, kind: str, severity: str, message: str) -> Event:

@@ -22,7 +22,6 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import pynvml
@@ -604,9 +603,12 @@ def container_id_for_pid(pid: int, procfs: str | os.PathLike[str] = "/proc") -> 
     `/proc/<pid>` names a different process or none at all.
     """
     try:
-        text = (Path(procfs) / str(pid) / "cgroup").read_text()
+        with open(os.path.join(procfs, str(pid), "cgroup")) as file:
+            text = file.read()
     except OSError:
         return None
+    if "docker" not in text and "libpod" not in text:
+        return None  # every form _container_id_in_path knows names one of them
     for line in text.splitlines():
         # "hierarchy-id:controllers:path"; the path itself may contain ':'.
         parts = line.split(":", 2)

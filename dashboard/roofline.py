@@ -42,7 +42,6 @@ from django.db.models import Max
 
 from collectors.modelconfig import read_model_config
 from collectors.models import Engine, EngineMetric, EngineSample, Metric, Sample
-from collectors.nvml import container_id_for_pid
 from dashboard.engines import UNKNOWN, tps_text
 
 ACTIVE_PARAMS_LABEL = "sparkops.active-params"
@@ -619,6 +618,10 @@ def read_engine_model_config(engine: Engine, proc_root: Path) -> tuple[dict[str,
 
 def container_process(container_id: str, proc_root: Path) -> int | None:
     """The lowest PID on the host that belongs to ``container_id`` (None when none is seen)."""
+    # Imported here: collectors.nvml loads pynvml (about 2 MiB), which the web server needs for
+    # this engine-page lookup only.
+    from collectors.nvml import container_id_for_pid
+
     if not container_id:
         return None
     try:

@@ -244,6 +244,8 @@ for _name in ("SPARKOPS_WEBHOOK_ALLOWED_NETWORKS", "SPARKOPS_EXPORT_ALLOWED_NETW
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 _BROKER_DIR = DATA_DIR / "broker"
 if CELERY_BROKER_URL.startswith("filesystem://"):
+    # kombu's transport with atomic writes and lock-aware reads (see sparkops/fsbroker.py).
+    CELERY_BROKER_TRANSPORT = "sparkops.fsbroker:Transport"
     for _sub in ("queue", "processed", "control"):
         (_BROKER_DIR / _sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {

@@ -64,3 +64,57 @@ def test_secret_looking_environment_values_are_masked():
 
     assert env["VLLM_LOGGING_LEVEL"] == "INFO"
     assert {env["HF_TOKEN"], env["OPENAI_API_KEY"], env["DB_PASSWORD"]} == {"••••••"}
+
+
+# --- the container's memory and first process, from /proc and the cgroup files ---------------
+
+CID = "ab" * 32
+
+
+def _proc(tmp_path, pid, cgroup, starttime="4242"):
+    folder = tmp_path / "proc" / str(pid)
+    folder.mkdir(parents=True)
+    (folder / "cgroup").write_text(cgroup)
+    # comm may hold spaces and parentheses: fields are counted after the last ")"
+    (folder / "stat").write_text(f"{pid} (vllm (x) y) S 1 " + " ".join(["0"] * 17)
+                                 + f" {starttime} 0 0\n")
+    return tmp_path / "proc"
+
+
+def test_cgroup_v2_container_path_and_its_memory_file(tmp_path):
+    from collectors.docker_api import _cgroup_memory, _memory_file
+    from collectors.procfs import container_cgroups, process_start_time
+
+    proc = _proc(tmp_path, 7, f"0::/machine.slice/libpod-{CID}.scope/container\n")
+    cgroups = container_cgroups(7, CID, proc)
+    assert cgroups == {"": f"machine.slice/libpod-{CID}.scope"}  # the container's own cgroup
+    assert _memory_file(cgroups) == f"machine.slice/libpod-{CID}.scope/memory.current"
+    root = tmp_path / "cgroup"
+    (root / f"machine.slice/libpod-{CID}.scope").mkdir(parents=True)
+    (root / f"machine.slice/libpod-{CID}.scope/memory.current").write_text("123456\n")
+    assert _cgroup_memory(_memory_file(cgroups), root) == 123456
+    assert process_start_time(7, proc) == "4242"
+
+
+def test_cgroup_v1_memory_controller_wins_over_the_unified_line(tmp_path):
+    from collectors.docker_api import _memory_file
+    from collectors.procfs import container_cgroups
+
+    proc = _proc(tmp_path, 8, f"4:memory:/docker/{CID}\n1:cpu,cpuacct:/docker/{CID}\n"
+                              f"0::/docker/{CID}\n")
+    assert _memory_file(container_cgroups(8, CID, proc)) == \
+        f"memory/docker/{CID}/memory.usage_in_bytes"
+
+
+def test_a_process_of_another_container_or_namespace_is_not_trusted(tmp_path):
+    from collectors.docker_api import _cgroup_memory
+    from collectors.procfs import container_cgroups, process_start_time
+
+    proc = _proc(tmp_path, 9, "0::/user.slice/session-1.scope\n")
+    assert container_cgroups(9, CID, proc) is None  # the PID is not this container's
+    assert container_cgroups(10, CID, proc) is None  # no such process
+    assert process_start_time(10, proc) is None
+    proc = _proc(tmp_path / "ns", 11, f"0::/../../libpod-{CID}\n")
+    assert container_cgroups(11, CID, proc) is None  # outside this cgroup namespace
+    assert _cgroup_memory(None, tmp_path) is None
+    assert _cgroup_memory("missing/memory.current", tmp_path) is None

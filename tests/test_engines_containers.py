@@ -204,3 +204,57 @@ def test_gone_container_marks_the_engine_gone(node, api):
     assert engine.present is False and engine.phase == "gone"
     assert Event.objects.filter(engine=engine, kind="engine-gone").exists()
     assert os.path.exists("/proc")  # host PID namespace: mounts are checked through /proc
+
+
+class _CountedCalls:
+    """The real Docker API client, with the inspect and stats calls it makes counted."""
+
+    def __init__(self, real, container_id):
+        self._real, self._id = real, container_id
+        self.inspects = self.stats_calls = 0
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def inspect_container(self, container_id, *args, **kwargs):
+        self.inspects += container_id == self._id
+        return self._real.inspect_container(container_id, *args, **kwargs)
+
+    def stats(self, container_id, *args, **kwargs):
+        self.stats_calls += container_id == self._id
+        return self._real.stats(container_id, *args, **kwargs)
+
+
+class _Client:
+    def __init__(self, api):
+        self.api = api
+
+
+def test_a_container_is_inspected_again_only_when_it_may_have_changed(api, tmp_path):
+    name = unique_name("held")
+    run_container(name, ["sleep", "300"], labels={"sparkops.engine": "vllm"})
+    container_id = podman("inspect", "--format", "{{.Id}}", name).strip()
+    counted = _CountedCalls(api.api, container_id)
+
+    def discover(**roots):
+        found = docker_api.discover_engines(_Client(counted), **roots)
+        return next(c for c in found if c.id == container_id)
+
+    first = discover()
+    second = discover()
+    # Same process, same state: the inspect is reused and memory comes from the cgroup file.
+    assert counted.inspects == 1 and counted.stats_calls == 0
+    assert first.memory_usage_bytes and second.memory_usage_bytes
+    stats = api.api.stats(container_id, stream=False)["memory_stats"]["usage"]
+    assert abs(second.memory_usage_bytes - stats) <= max(stats // 4, 4 * MIB)
+
+    podman("rename", name, f"{name}-renamed")
+    assert discover().name == f"{name}-renamed" and counted.inspects == 2
+    podman("restart", "--time", "0", f"{name}-renamed")
+    restarted = discover()
+    assert counted.inspects == 3 and restarted.started_at > first.started_at
+
+    # Where /proc does not show the container (another PID namespace): inspect and stats, always.
+    for _ in range(2):
+        assert discover(proc_root=tmp_path).memory_usage_bytes
+    assert counted.inspects == 5 and counted.stats_calls == 2

@@ -3,6 +3,10 @@
 The text goes through ``prometheus_client``'s own parser, which streams: it yields the families
 before a bad line and only then raises. :func:`parse_engines` therefore consumes it completely
 before building anything, so a caller gets either every snapshot or :class:`MetricsParseError`.
+Only the families SparkOps reads reach the parser (:func:`_used_lines`): a busy engine's
+exposition is about 40 KB, mostly histograms SparkOps never reads, and parsing all of it cost
+about 12 ms of CPU per engine and collection. A malformed line of a family SparkOps does not
+read is therefore ignored rather than failing the scrape.
 The parser is lax (RELIABILITY.md finding 6), so the values we use are checked here as well:
 counts must be non-negative integers, the KV usage a fraction, histograms cumulative with a
 ``+Inf`` bucket, and the text must end with a line feed as the format requires (a body cut in
@@ -13,13 +17,14 @@ the current name and, only when that is absent, from its older names. An engine 
 by the ``model_name`` and ``engine`` labels; ``engine`` is missing before vLLM 0.8/0.10 (§1.4)
 and is then ``None``.
 
-Cost: about 5 MB/s of text in the prometheus_client parser (finding 6), plus one pass over the
-samples; nothing else is kept of samples SparkOps does not use.
+Cost: one pass of line filtering, then about 5 MB/s of text in the prometheus_client parser
+(finding 6) over the lines kept, then one pass over the samples.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from itertools import pairwise
@@ -241,13 +246,14 @@ def _read_samples(text: str) -> list[_Sample]:
         raise MetricsParseError("not Prometheus text: the last line does not end with a line "
                                 "feed (the body was cut off?)")
     try:
-        families = list(text_string_to_metric_families(text))
+        families = list(text_string_to_metric_families(_used_lines(text)))
     except ValueError as error:
         raise MetricsParseError(f"not Prometheus text: {_one_line(str(error))}") from None
     return [
         _Sample(sample.name, sample.labels, float(sample.value))
         for family in families
         for sample in family.samples
+        if sample.name in _USED
     ]
 
 
@@ -269,6 +275,40 @@ def _wanted_series_names() -> frozenset[str]:
 
 
 _WANTED = _wanted_series_names()
+_USED = _WANTED | {_CACHE_CONFIG, _PROCESS_START}
+# Family names as HELP and TYPE comments may write them (a counter with or without "_total").
+_USED_FAMILIES = frozenset(
+    form
+    for name in _USED
+    for base in [re.sub(r"(_bucket|_count|_sum|_created|_total)$", "", name)]
+    for form in (base, f"{base}_total", name)
+)
+_SAMPLE_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def _used_lines(text: str) -> str:
+    """``text`` without the samples and comments of families SparkOps does not read.
+
+    A line is dropped only when it plainly names such a family (a sample name followed by a
+    blank or by a closed ``{...}``; a HELP or TYPE comment): anything else, whatever it is, is
+    kept, so text that is not Prometheus text is still refused by the parser, with its reason.
+    """
+    kept = []
+    for line in text.split("\n"):
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            parts = stripped.split(None, 3)
+            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") \
+                    and parts[2] not in _USED_FAMILIES:
+                continue
+        else:
+            name = _SAMPLE_NAME.match(stripped)
+            after = stripped[name.end():name.end() + 1] if name is not None else ""
+            plain = after in (" ", "\t") or (after == "{" and "}" in stripped)
+            if plain and name.group() not in _USED:
+                continue
+        kept.append(line)
+    return "\n".join(kept)
 
 
 class _SampleIndex:

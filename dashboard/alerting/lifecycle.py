@@ -98,7 +98,9 @@ def evaluate(
     transaction (see the module docstring); if it raises, that alert's change is rolled back and
     the exception propagates.
 
-    Cost: two queries up front, then a few per condition and per open alert.
+    Cost: three queries up front, then a few per open alert and per condition that crosses its
+    threshold; a condition with no open alert that does not cross costs none (its scope had no
+    open alert when the round began).
     Raises ValueError for a condition of another node or a repeated scope, and
     :class:`~dashboard.alerting.settings.UnknownRule` for a rule not in the rule settings, before
     changing anything.
@@ -106,11 +108,13 @@ def evaluate(
     settings = all_rule_settings()
     _check_conditions(node, conditions, settings)
     silences = list(Silence.objects.active(now).for_node(node))
+    open_scopes = set(Alert.objects.filter(node=node, state__in=OPEN_STATES)
+                      .values_list("scope", flat=True))
     round_ = _Round(node, now, silences, on_notice)
     notices: list[Notice] = []
     for condition in conditions:
         setting = settings[condition.rule]
-        if setting.enabled:
+        if setting.enabled and (condition.scope in open_scopes or condition.crosses_threshold()):
             notices.extend(round_.apply(condition, setting))
     rules_run = evaluated_rules if evaluated_rules is not None \
         else {condition.rule for condition in conditions}

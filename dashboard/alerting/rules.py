@@ -23,7 +23,7 @@ from collectors.models import (
     Sample,
 )
 from dashboard.alerting.conditions import Condition
-from dashboard.alerting.settings import rule_settings
+from dashboard.alerting.settings import all_rule_settings, rule_settings
 
 GIB = 1024**3
 STARTING_PHASES = {"starting", "loading", "profiling", "kv_allocated"}
@@ -369,10 +369,11 @@ def evaluate_rules(node: Node, now: datetime) -> tuple[list[Condition], set[str]
     """Every enabled rule's conditions for ``node``, and the set of rules evaluated."""
     ledger = node.ledger or {}
     engines = list(Engine.objects.filter(node=node, present=True))
+    settings = all_rule_settings()  # one query for every rule
     conditions: list[Condition] = []
     evaluated: set[str] = set()
     for name, rule in RULES.items():
-        setting = rule_settings(name)
+        setting = settings[name] if name in settings else rule_settings(name)
         if not setting.enabled:
             continue
         evaluated.add(name)

@@ -53,14 +53,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
-from prometheus_client.metrics_core import Metric
 
 from collectors.models import Engine, Node
 from dashboard.alerting.models import Alert, AlertState
@@ -76,6 +74,12 @@ from dashboard.exports.figures import (
     serving_figures,
 )
 from dashboard.restarts.models import Restart
+
+# prometheus_client is imported where a scrape uses it: the web server loads this module with
+# its URLs, and most installations are never scraped.
+if TYPE_CHECKING:
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.metrics_core import Metric
 
 __all__ = ["CONTENT_TYPE", "SparkOpsCollector", "metrics", "render_metrics"]
 
@@ -133,6 +137,8 @@ _RESTART_STATUSES: dict[str, list[str]] = {
 
 
 def _gauge(name: str, documentation: str, labels: Sequence[str]) -> GaugeMetricFamily:
+    from prometheus_client.core import GaugeMetricFamily
+
     return GaugeMetricFamily(PREFIX + name, documentation, labels=list(labels))
 
 
@@ -215,6 +221,8 @@ class SparkOpsCollector:
         return [*parts.values(), need, others, age]
 
     def _engines(self, engines: Iterable[Engine]) -> list[Metric]:
+        from prometheus_client.core import InfoMetricFamily
+
         info = InfoMetricFamily(PREFIX + "engine", "The engine's container image, vLLM version "
                                 "and kind.", labels=list(ENGINE))
         phase = _gauge("engine_phase", "1 for the engine's current phase, 0 for the others.",
@@ -290,6 +298,8 @@ class SparkOpsCollector:
 
 def render_metrics(now: datetime, interval: float) -> bytes:
     """The exposition text for one scrape at ``now``."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SparkOpsCollector(now, interval))
     return generate_latest(registry)

@@ -259,3 +259,14 @@ def test_impossible_values_reject_the_whole_text(lines: list[str], reason: str) 
         parse_engines("\n".join(lines) + "\n")
     assert caught.value.reason.startswith("invalid vLLM metrics: ")
     assert reason in caught.value.reason
+
+
+def test_only_the_families_sparkops_reads_are_parsed_but_broken_text_is_still_refused() -> None:
+    text = fixture_text("vllm_0_33_hybrid_spec.txt")
+    # A family SparkOps never reads, written wrongly inside its braces: skipped unread.
+    assert parse_engines(text + 'some_exporter_metric{a=unquoted} 1\n') == parse_engines(text)
+    # Text whose shape is not a sample at all still reaches the parser, which refuses it.
+    with pytest.raises(MetricsParseError, match="^not Prometheus text: "):
+        parse_engines(text + "some_exporter_metric{ 1\n")
+    with pytest.raises(MetricsParseError, match="^not Prometheus text: "):
+        parse_engines(text + 'vllm:num_requests_running{model_name="m",engine="0"} one\n')
