@@ -340,7 +340,8 @@ def alert_section(results: dict) -> list[str]:
         "| Stack | Timings | Latency | Fired | Not counted |",
         "|---|---|---|---|---|",
         f"| SparkOps (`runstack`) | its defaults: 5 s interval, `prefill-squeeze` for 10 s, "
-        f"outbox delivered every 5 s | {fmt(alerts['sparkops']['latency'], 's')} | "
+        f"notifications delivered as they are queued | "
+        f"{fmt(alerts['sparkops']['latency'], 's')} | "
         f"{fmt(alerts['sparkops']['fired'], 's')} | {alerts['sparkops']['missing']} |",
         f"| Prometheus + Alertmanager, documented defaults "
         f"({live['prometheus_default_instances']} independent servers) | scrape 1 m, "

@@ -22,6 +22,11 @@ Notices are returned, not sent: the caller turns each :class:`Notice` into outbo
   not be left believing that for ever; a silence is meant to stop noise, and this ends it.
 * A pending alert in the hysteresis band counts towards ``for_seconds``: "active" means "not
   yet back past the clear edge". An unknown value neither advances nor resets it.
+* ``for_seconds`` is judged with half a second of slack (at most a tenth of it). Evaluations
+  follow collections, and those do not tick like a clock: each waits up to the broker's polling
+  interval (0.25 s) to start and its evaluation as much again. Without slack a 10 s ``for`` at a
+  5 s interval would fire at the third evaluation or, by a few milliseconds, the fourth: 5 s
+  later, at random. Prometheus, whose evaluations are on an exact grid, has no such jitter.
 
 Delivery is at-least-once when the caller passes ``on_notice``: it is called inside the same
 transaction that records the alert's change, so an outbox row written there commits or rolls
@@ -52,6 +57,9 @@ from dashboard.alerting.models import (
 from dashboard.alerting.settings import EffectiveSetting, UnknownRule, all_rule_settings
 
 NoticeKind = Literal["firing", "resolved", "repeat"]
+
+# See the module docstring: evaluation jitter, not a shorter ``for``.
+FOR_SLACK_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -238,7 +246,8 @@ class _Round:
         if _is_cleared(condition):
             return self._clear(alert, condition)
         if alert.state == AlertState.PENDING:
-            if (self.now - alert.started_at).total_seconds() >= setting.for_seconds:
+            held = (self.now - alert.started_at).total_seconds()
+            if held >= setting.for_seconds - min(FOR_SLACK_SECONDS, setting.for_seconds / 10):
                 return self._fire(alert, setting)
             alert.save()
             return None

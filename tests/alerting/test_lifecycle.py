@@ -43,6 +43,17 @@ def test_pending_alert_fires_after_for_seconds(node):
     assert transitions(alert) == [("", "pending"), ("pending", "firing")]
 
 
+def test_for_seconds_allows_half_a_second_of_evaluation_jitter(node):
+    """Evaluations follow collections, which start a little late or early: 10 s at a 5 s
+    interval is three evaluations, whether the third comes at 9.6 s or 10.2 s."""
+    RuleSetting.objects.create(rule="headroom-floor", for_seconds=10)
+    evaluate(node, [floor(node, 7.0)], at(0))
+    evaluate(node, [floor(node, 7.0)], at(5.1))
+
+    assert evaluate(node, [floor(node, 7.0)], at(9.4)) == []  # more than jitter: not yet
+    assert kinds(evaluate(node, [floor(node, 7.0)], at(9.6))) == ["firing"]
+
+
 def test_rule_with_for_zero_fires_at_once(node):
     notices = evaluate(node, [overcommit(node, 3.0)], at(0))
 
