@@ -12,7 +12,7 @@ from collectors.models import Engine, EngineMetric, Event, Node
 from dashboard.downsample import break_long_gaps, downsample
 from dashboard.memory import GIB, RANGES, gap_step_seconds
 from dashboard.restarts.models import Restart
-from dashboard.series import engine_points, resolution_for, source_label
+from dashboard.series import chart_bucket_seconds, engine_points, resolution_for, source_label
 
 UNKNOWN = "unknown"
 
@@ -128,10 +128,10 @@ def engine_series(engine: Engine, range_key: str, now: datetime, max_points: int
     resolution = resolution_for(span)
     step = gap_step_seconds(span, max_points, interval, resolution)
     series = []
-    found = engine_points(engine, [spec[1] for spec in ENGINE_SERIES], start, None,
-                          resolution)
+    found = engine_points([engine], [spec[1] for spec in ENGINE_SERIES], start, None,
+                          resolution, chart_bucket_seconds(span, max_points))
     for key, metric, label, unit in ENGINE_SERIES:
-        points = found[metric]
+        points = found[engine.pk, metric]
         reduced = break_long_gaps(downsample(points, max_points) if points else [], step)
         series.append({"key": key, "label": label, "unit": unit,
                        "x": [at.isoformat() for at, _ in reduced],

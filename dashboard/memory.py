@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from collectors.models import Collection, Metric, Node, Sample
 from dashboard.downsample import SeriesPoint, break_long_gaps, downsample
-from dashboard.series import host_points, resolution_for, source_label
+from dashboard.series import chart_bucket_seconds, host_points, resolution_for, source_label
 
 GIB = 1024**3
 
@@ -153,7 +153,8 @@ def chart_series(node: Node, range_key: str, now: datetime, max_points: int, int
     resolution = resolution_for(span)
     failures = collection_failures(node, start, now)
     step = gap_step_seconds(span, max_points, interval, resolution)
-    points = host_points(node, [figure.metric for figure in FIGURES], start, resolution)
+    points = host_points(node, [figure.metric for figure in FIGURES], start, resolution,
+                         chart_bucket_seconds(span, max_points))
     series = []
     for figure in FIGURES:
         reduced = reduce_series(points[figure.metric], failures, max_points, step)

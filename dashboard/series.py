@@ -14,10 +14,10 @@ no roll-up yet, a chart reads raw samples.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import connections
-from django.db.models import CharField, QuerySet
+from django.db.models import BigIntegerField, CharField, F, Func, Max, Min, QuerySet
 from django.db.models.functions import Cast
 
 from collectors.models import Engine, EngineRollup, EngineSample, Node, Rollup, Sample
@@ -44,49 +44,100 @@ def source_label(resolution: int) -> str:
     return "raw" if resolution == 0 else next(t.label for t in TIERS if t.resolution == resolution)
 
 
-def host_points(node: Node, metrics: Iterable[int], start: datetime, resolution: int
-                ) -> dict[int, list[SeriesPoint]]:
-    """Host-memory series from ``start`` to now at ``resolution`` (0: raw), by metric."""
-    return _points(Sample.objects.filter(node_id=node.pk), Rollup.objects.filter(node_id=node.pk),
-                   list(metrics), start, None, resolution, node.rolled_up_until)
+def chart_bucket_seconds(span: timedelta, max_points: int) -> float:
+    """The width of the downsampler's buckets for a chart of ``max_points`` over ``span``
+    (``dashboard.downsample``: a bucket emits at most three points)."""
+    return span.total_seconds() / max(max_points // 3, 1)
 
 
-def engine_points(engine: Engine, metrics: Iterable[int], start: datetime, end: datetime | None,
-                  resolution: int) -> dict[int, list[SeriesPoint]]:
-    """An engine's series in [start, end] (``end`` None: to now) at ``resolution`` (0: raw),
-    by metric."""
-    return _points(EngineSample.objects.filter(engine_id=engine.pk),
-                   EngineRollup.objects.filter(engine_id=engine.pk), list(metrics), start, end,
-                   resolution, engine.node.rolled_up_until)
+def host_points(node: Node, metrics: Iterable[int], start: datetime, resolution: int,
+                bucket_seconds: float = 0) -> dict[int, list[SeriesPoint]]:
+    """Host-memory series from ``start`` to now at ``resolution`` (0: raw), by metric; roll-up
+    rows grouped into buckets of ``bucket_seconds`` in the database when that is coarser."""
+    found = _points(Sample.objects.filter(node_id=node.pk),
+                    Rollup.objects.filter(node_id=node.pk), ("metric",), list(metrics), start,
+                    None, resolution, node.rolled_up_until, bucket_seconds)
+    return {metric: found.get((metric,), []) for metric in metrics}
 
 
-def _points(samples: QuerySet, rollups: QuerySet, metrics: list[int], start: datetime,
-            end: datetime | None, resolution: int, rolled_up_until: datetime | None
-            ) -> dict[int, list[SeriesPoint]]:
-    """One query per source for all ``metrics``: the chosen tier up to its last complete
-    bucket, the minute tier up to the roll-up watermark, raw samples after it."""
-    points: dict[int, list[SeriesPoint]] = {metric: [] for metric in metrics}
+def engine_points(engines: Iterable[Engine], metrics: Iterable[int], start: datetime,
+                  end: datetime | None, resolution: int, bucket_seconds: float = 0
+                  ) -> dict[tuple[int, int], list[SeriesPoint]]:
+    """Series of one node's ``engines`` in [start, end] (``end`` None: to now) at
+    ``resolution`` (0: raw), by (engine id, metric); grouped like :func:`host_points`."""
+    engines, metrics = list(engines), list(metrics)
+    if not engines:
+        return {}
+    ids = [engine.pk for engine in engines]
+    found = _points(EngineSample.objects.filter(engine_id__in=ids),
+                    EngineRollup.objects.filter(engine_id__in=ids), ("engine_id", "metric"),
+                    metrics, start, end, resolution, engines[0].node.rolled_up_until,
+                    bucket_seconds)
+    return {(pk, metric): found.get((pk, metric), []) for pk in ids for metric in metrics}
+
+
+def _points(samples: QuerySet, rollups: QuerySet, keys: tuple[str, ...], metrics: list[int],
+            start: datetime, end: datetime | None, resolution: int,
+            rolled_up_until: datetime | None, bucket_seconds: float
+            ) -> dict[tuple, list[SeriesPoint]]:
+    """Series by ``keys`` (e.g. (engine id, metric)), one query per source for all of them:
+    the chosen tier up to its last complete bucket, the minute tier up to the roll-up watermark,
+    raw samples after it."""
+    points: dict[tuple, list[SeriesPoint]] = {}
     pieces: list[tuple[int, datetime]] = []  # (resolution, covered until), oldest first
     if resolution and rolled_up_until is not None:
         pieces.append((resolution, floor_to(rolled_up_until, resolution)))
         if resolution != MINUTE.resolution:
             pieces.append((MINUTE.resolution, rolled_up_until))
     since = start
+    width = int(bucket_seconds)
     for seconds, until in pieces:
         if until <= since:
             continue
         rows = rollups.filter(resolution=seconds, metric__in=metrics, start__gte=since,
                               start__lt=until if end is None else min(until, end))
-        for at, metric, low, high in _fetch(rows.order_by("metric", "start"), "start",
-                                            "metric", "min", "max"):
-            points[metric].append(SeriesPoint(at, low, high))
+        found = (_grouped(rows, keys, width) if width >= 2 * seconds else
+                 _fetch(rows.order_by(*keys, "start"), "start", *keys, "min", "max"))
+        for at, *key, low, high in found:
+            points.setdefault(tuple(key), []).append(SeriesPoint(at, low, high))
         since = until
     rows = samples.filter(metric__in=metrics, at__gte=since)
     if end is not None:
         rows = rows.filter(at__lte=end)
-    for at, metric, value in _fetch(rows.order_by("metric", "at"), "at", "metric", "value"):
-        points[metric].append(SeriesPoint(at, value, value))
+    for at, *key, value in _fetch(rows.order_by(*keys, "at"), "at", *keys, "value"):
+        points.setdefault(tuple(key), []).append(SeriesPoint(at, value, value))
     return points
+
+
+class EpochBucket(Func):
+    """The start, in whole seconds since the epoch, of the ``seconds``-wide bucket a timestamp
+    falls in (SQLite and PostgreSQL)."""
+
+    output_field = BigIntegerField()
+
+    def __init__(self, expression: str, seconds: int) -> None:
+        super().__init__(F(expression))
+        self.seconds = int(seconds)
+
+    def _bucket(self, compiler, connection, epoch: str) -> tuple[str, list]:
+        sql, params = compiler.compile(self.source_expressions[0])
+        return f"(({epoch.format(sql)} / {self.seconds}) * {self.seconds})", params
+
+    def as_sqlite(self, compiler, connection, **extra):
+        return self._bucket(compiler, connection, "CAST(strftime('%%s', {}) AS INTEGER)")
+
+    def as_postgresql(self, compiler, connection, **extra):
+        return self._bucket(compiler, connection,
+                            "CAST(floor(date_part('epoch', {})) AS BIGINT)")
+
+
+def _grouped(rows: QuerySet, keys: tuple[str, ...], width: int) -> list[tuple]:
+    """Roll-up rows merged into ``width``-second buckets by the database: (bucket start,
+    *keys, lowest min, highest max), so a chart receives its own resolution, not the tier's."""
+    grouped = rows.annotate(bucket=EpochBucket("start", width)).values(*keys, "bucket") \
+        .annotate(low=Min("min"), high=Max("max")).order_by(*keys, "bucket") \
+        .values_list("bucket", *keys, "low", "high")
+    return [(datetime.fromtimestamp(row[0], UTC), *row[1:]) for row in grouped]
 
 
 def _fetch(rows: QuerySet, time_field: str, *fields: str) -> list[tuple]:

@@ -34,9 +34,16 @@ from django.db.models import Q
 
 from collectors.models import Engine, EngineMetric, Event, LedgerChange, Metric, Node
 from dashboard.alerting.models import Alert
+from dashboard.downsample import SeriesPoint
 from dashboard.memory import GIB, RANGES, collection_failures, gap_step_seconds, reduce_series
 from dashboard.restarts.models import Restart
-from dashboard.series import engine_points, host_points, resolution_for, source_label
+from dashboard.series import (
+    chart_bucket_seconds,
+    engine_points,
+    host_points,
+    resolution_for,
+    source_label,
+)
 
 Points = list[tuple[datetime, float | None]]
 
@@ -76,6 +83,10 @@ ENGINE_SERIES = [
     ("decode", "decode_tps", EngineMetric.DECODE_TPS, "decode tok/s", 1.0),
 ]
 
+# What an engine holds: NVML's per-process figure when there is one, else its cgroup's.
+HOLDINGS = [EngineMetric.GPU_MEMORY, EngineMetric.CONTAINER_MEMORY]
+EnginePoints = dict[tuple[int, int], list[SeriesPoint]]
+
 # Events drawn as markers; other kinds (scrape failures, discoveries) would only add noise.
 MARKED_EVENTS = {
     "phase-change": "phase change",
@@ -105,13 +116,18 @@ def timeline(node: Node, range_key: str, now: datetime, max_points: int, interva
     # Each series is reduced to half the budget: breaking long gaps can add at most one point
     # per point, so the result stays within ``max_points``.
     budget = max(max_points // 2, 3)
-    step = gap_step_seconds(span, budget, interval, resolution)
+    frame = _Frame(start, now, resolution, budget,
+                   gap_step_seconds(span, budget, interval, resolution),
+                   chart_bucket_seconds(span, budget))
     failures = collection_failures(node, start, now)
     engines = _engines_in_range(node, start)
-    series = _host_series(node, start, resolution, failures, budget, step)
-    series += _ledger_series(node, engines, start, now, resolution, budget, step)
+    series = _host_series(node, frame, failures)
+    metrics = [spec[2] for spec in ENGINE_SERIES] + HOLDINGS
+    found = engine_points(engines, metrics, frame.start, frame.end, frame.resolution,
+                          frame.bucket)
+    series += _ledger_series(node, engines, frame, found)
     for engine in engines:
-        series += _engine_rate_series(engine, start, now, resolution, budget, step)
+        series += _engine_rate_series(engine, frame, found)
     return {
         "node": node.name,
         "range": range_key,
@@ -146,12 +162,26 @@ def _entry(panel: str, key: str, label: str, unit: str, points: Points, *,
     }
 
 
-def _host_series(node: Node, start: datetime, resolution: int,
-                 failures: list[tuple[datetime, str]], budget: int, step: float) -> list[dict]:
-    found = host_points(node, [spec.metric for spec in HOST_SERIES], start, resolution)
+@dataclass(frozen=True)
+class _Frame:
+    """What every series of one timeline shares: its range, source, point budget, the longest
+    step a line may bridge, and the width of a chart bucket."""
+
+    start: datetime
+    end: datetime
+    resolution: int
+    budget: int
+    step: float
+    bucket: float
+
+
+def _host_series(node: Node, frame: _Frame, failures: list[tuple[datetime, str]]
+                 ) -> list[dict]:
+    found = host_points(node, [spec.metric for spec in HOST_SERIES], frame.start,
+                        frame.resolution, frame.bucket)
     out = []
     for spec in HOST_SERIES:
-        points = reduce_series(found[spec.metric], failures, budget, step)
+        points = reduce_series(found[spec.metric], failures, frame.budget, frame.step)
         scale = 1 / GIB if spec.unit == "GiB" else 1.0
         out.append(_entry("headroom", spec.key, spec.label, spec.unit, points, scale=scale))
     return out
@@ -159,44 +189,39 @@ def _host_series(node: Node, start: datetime, resolution: int,
 
 # --- engine samples ------------------------------------------------------------------------------
 
-def _engine_rate_series(engine: Engine, start: datetime, end: datetime, resolution: int,
-                        budget: int, step: float) -> list[dict]:
-    found = engine_points(engine, [spec[2] for spec in ENGINE_SERIES], start, end,
-                          resolution)
+def _engine_rate_series(engine: Engine, frame: _Frame, found: EnginePoints) -> list[dict]:
     out = []
     for panel, key, metric, label, scale in ENGINE_SERIES:
-        points = reduce_series(found[metric], [], budget, step)
+        points = reduce_series(found[engine.pk, metric], [], frame.budget, frame.step)
         out.append(_entry(panel, f"{engine.name}:{key}", f"{engine.name} {label}",
                           "%" if panel == "kv" else "tok/s", points, engine=engine.name,
                           scale=scale))
     return out
 
 
-def _holdings(engine: Engine, start: datetime, end: datetime, resolution: int, budget: int,
-              step: float) -> dict:
+def _holdings(engine: Engine, frame: _Frame, found: EnginePoints) -> dict:
     """What the engine holds: NVML's per-process figure when there is one in range (GPU
     allocations on GB10), else the container's cgroup, which does not count them."""
-    found = engine_points(engine, [EngineMetric.GPU_MEMORY, EngineMetric.CONTAINER_MEMORY],
-                          start, end, resolution)
-    points = found[EngineMetric.GPU_MEMORY]
+    points = found[engine.pk, EngineMetric.GPU_MEMORY]
     source = "NVML per-process"
     if not any(p.high is not None for p in points):
-        points = found[EngineMetric.CONTAINER_MEMORY]
+        points = found[engine.pk, EngineMetric.CONTAINER_MEMORY]
         source = "cgroup, without GPU allocations"
-    reduced = reduce_series(points, [], budget, step)
+    reduced = reduce_series(points, [], frame.budget, frame.step)
     return _entry("ledger", f"{engine.name}:holds", f"{engine.name} holds ({source})", "GiB",
                   reduced, engine=engine.name, scale=1 / GIB)
 
 
 # --- the ledger, stepwise from its change rows ---------------------------------------------------
 
-def _ledger_series(node: Node, engines: list[Engine], start: datetime, end: datetime,
-                   resolution: int, budget: int, step: float) -> list[dict]:
+def _ledger_series(node: Node, engines: list[Engine], frame: _Frame, found: EnginePoints
+                   ) -> list[dict]:
+    start, end = frame.start, frame.end
     out = []
     current = node.ledger or {}
     present_engine_ids = {share.get("engine_id") for share in current.get("engines", [])}
     for engine in engines:
-        out.append(_holdings(engine, start, end, resolution, budget, step))
+        out.append(_holdings(engine, frame, found))
         key = f"engine:{engine.pk}:kv_pool"
         carry = end if engine.pk in present_engine_ids else min(engine.last_seen, end)
         points = step_series(node, key, start, end, carry, appearance_from_zero=True)

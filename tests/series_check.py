@@ -45,13 +45,17 @@ def main() -> None:
     out = {}
     for resolution in (0, 60, 600, 3600):
         host = host_points(node, [Metric.MEM_AVAILABLE], T0, resolution)[Metric.MEM_AVAILABLE]
-        tps = engine_points(engine, [EngineMetric.DECODE_TPS], T0, None,
-                            resolution)[EngineMetric.DECODE_TPS]
+        tps = engine_points([engine], [EngineMetric.DECODE_TPS], T0, None,
+                            resolution)[engine.pk, EngineMetric.DECODE_TPS]
         out[resolution] = {
             "host_points": len(host), "host_min": min(p.low for p in host),
             "first": host[0].at.isoformat(), "last": host[-1].at.isoformat(),
             "engine_points": len(tps), "engine_max": max(p.high for p in tps),
         }
+    grouped = host_points(node, [Metric.MEM_AVAILABLE], T0, 600,
+                          bucket_seconds=1800)[Metric.MEM_AVAILABLE]
+    out["grouped"] = {"host_points": len(grouped), "host_min": min(p.low for p in grouped),
+                      "first": grouped[0].at.isoformat(), "second": grouped[1].at.isoformat()}
     print(json.dumps({"watermark": node.rolled_up_until.isoformat(), "tiers": out}))
 
 

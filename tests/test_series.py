@@ -62,3 +62,18 @@ def test_before_the_first_roll_up_a_long_chart_reads_raw_samples(node):
                          600)[Metric.MEM_AVAILABLE]
 
     assert [(p.low, p.high) for p in points] == [(4.0, 4.0)]
+
+
+def test_roll_ups_are_grouped_into_the_chart_buckets_by_the_database(node):
+    """A chart whose buckets are wider than the tier's gets one row per bucket: the lowest
+    minimum and the highest maximum in it, at the bucket's start."""
+    node.rolled_up_until = datetime(2026, 11, 20, 4, 0, tzinfo=UTC)
+    Rollup.objects.bulk_create([
+        _rollup(node, 3600, datetime(2026, 11, 20, hour, tzinfo=UTC), value)
+        for hour, value in [(0, 5.0), (1, 2.0), (2, 7.0), (3, 6.0)]
+    ])
+
+    points = host_points(node, [Metric.MEM_AVAILABLE], NOW - timedelta(days=30), 3600,
+                         bucket_seconds=7200)[Metric.MEM_AVAILABLE]
+
+    assert [(p.at.hour, p.low, p.high) for p in points] == [(0, 2.0, 6.0), (2, 6.0, 8.0)]

@@ -31,6 +31,7 @@ def test_tiers_read_back_the_same_on_postgresql(postgres_url, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["watermark"] == "2026-11-01T02:34:00+00:00"
+    grouped = result["tiers"].pop("grouped")
     tiers = {int(k): v for k, v in result["tiers"].items()}
     # Every source covers the same stretch, keeps the one-sample dip and the highest rate.
     for tier in tiers.values():
@@ -42,3 +43,8 @@ def test_tiers_read_back_the_same_on_postgresql(postgres_url, tmp_path):
     assert tiers[60]["host_points"] == 154 + 12
     assert tiers[600]["host_points"] == 15 + 4 + 12
     assert tiers[3600]["host_points"] == 2 + 34 + 12
+    # Ten-minute buckets grouped by the database into half hours, the minutes after them into
+    # one more, then the raw samples after the watermark.
+    assert grouped == {"host_points": 5 + 1 + 12, "host_min": 1.0,
+                       "first": "2026-11-01T00:00:00+00:00",
+                       "second": "2026-11-01T00:30:00+00:00"}
