@@ -401,7 +401,8 @@ def single_stream_decode(engine: Engine, now: datetime, interval: float) -> Meas
 
     A collection counts when it and the one before (at most 1.5 collection intervals earlier)
     both saw one running request and the decode rate was above 0 (a lone request still in its
-    prefill decodes nothing). Uses the latest :data:`SINGLE_STREAM_SAMPLES` within a week.
+    prefill decodes nothing). Uses the latest :data:`SINGLE_STREAM_SAMPLES` within a week, as
+    far back as raw samples are kept (``SPARKOPS_RAW_RETENTION_DAYS``, a day by default).
     """
     since = now - SINGLE_STREAM_LOOKBACK
     ones = list(EngineSample.objects.filter(
