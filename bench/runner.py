@@ -125,7 +125,7 @@ def main() -> None:
         prog="bench/run", description="SparkOps benchmarks, side by side with Prometheus.")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true",
-                      help="1-minute footprint and fewer default-timing waits (about 15 min)")
+                      help="1-minute footprint and fewer default-timing waits (about 6 min)")
     size.add_argument("--smoke", action="store_true",
                       help="a tiny run that exercises every benchmark (about 2 min)")
     parser.add_argument("--results", type=Path,
@@ -142,7 +142,7 @@ def main() -> None:
                              "shared machine; see bench/meminfo_view.py), 'real' is the "
                              "machine's /proc/meminfo")
     parser.add_argument("--keep", action="store_true",
-                        help="keep the generated databases (several GB) in the work directory")
+                        help="keep the generated databases (about 500 MB) in the work directory")
     args = parser.parse_args()
     profile = PROFILES["smoke" if args.smoke else "quick" if args.quick else "full"]
     workdir = (args.workdir or BENCH / "out" / profile.name).resolve()
