@@ -125,7 +125,7 @@ def main() -> None:
         prog="bench/run", description="SparkOps benchmarks, side by side with Prometheus.")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true",
-                      help="1-minute footprint and fewer default-timing waits (about 6 min)")
+                      help="1-minute footprint and fewer default-timing waits (a few minutes)")
     size.add_argument("--smoke", action="store_true",
                       help="a tiny run that exercises every benchmark (about 2 min)")
     parser.add_argument("--results", type=Path,
