@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -25,7 +26,7 @@ from dashboard.restarts.models import AuditEntry, Restart
 from dashboard.restarts.pagecache import DropRefused, drop_page_cache
 from dashboard.restarts.planning import learned_startup_seconds
 from dashboard.restarts.runbook import STEPS, restarts_to_dispatch, run_restart
-from tests.conftest import PROJECT, subprocess_env
+from tests.conftest import FIXTURES, PROJECT, subprocess_env
 from tests.containers import podman
 from tests.restarts.runbook_helpers import (
     MemFreeGoneAfterFirstRead,
@@ -352,11 +353,12 @@ def _row(data: Path, restart_id: int) -> dict[str, object]:
         return dict(row)
 
 
-def _wait_for(condition, timeout: float, what: str, log: Path) -> None:
+def _wait_for(condition, timeout: float, what: str, log: Path, state=None) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout} s; worker log:\n"
+            seen = f"; state: {state()}" if state else ""
+            raise AssertionError(f"{what} did not happen within {timeout} s{seen}; worker log:\n"
                                  f"{log.read_text()[-3000:]}")
         time.sleep(0.2)
 
@@ -364,8 +366,14 @@ def _wait_for(condition, timeout: float, what: str, log: Path) -> None:
 def test_a_worker_killed_mid_restart_leaves_it_interrupted_with_the_real_state(
         start_engine, docker_host, tmp_path):
     data = tmp_path / "data"
+    # The restart's fit checks read this node's memory: a GB10's (a fixture), so that whatever
+    # page cache the machine running the tests holds cannot decide the run.
+    procfs = tmp_path / "proc"
+    (procfs / "pressure").mkdir(parents=True)
+    shutil.copy(FIXTURES / "procfs" / "meminfo-gb10", procfs / "meminfo")
+    shutil.copy(FIXTURES / "procfs" / "pressure-memory", procfs / "pressure" / "memory")
     env = subprocess_env(SPARKOPS_DATA_DIR=str(data), SPARKOPS_NODE_NAME="kill-node",
-                         SPARKOPS_DOCKER_HOST=docker_host,
+                         SPARKOPS_DOCKER_HOST=docker_host, SPARKOPS_PROCFS=str(procfs),
                          SPARKOPS_RESTART_DRAIN_TIMEOUT_SECONDS="0",
                          SPARKOPS_RESTART_HEARTBEAT_STALE_SECONDS="5",
                          SPARKOPS_RESTART_MIN_DEADLINE_SECONDS="300")
@@ -379,7 +387,7 @@ def test_a_worker_killed_mid_restart_leaves_it_interrupted_with_the_real_state(
         assert handed[-4:-2] == ["handed", "1"], handed
         restart_id = int(handed[-1])
         _wait_for(lambda: _row(data, restart_id)["phase"] == "follow", 90, "the follow step",
-                  log)
+                  log, lambda: _row(data, restart_id))
         os.killpg(first.pid, signal.SIGKILL)  # as the OOM killer, or a power cut, would
         first.wait(timeout=10)
     finally:
