@@ -3,7 +3,9 @@
 A chart over ``span`` reads the finest source of ``collectors.retention.TIERS`` (raw 5 s samples,
 then minute, ten-minute and hourly roll-ups) that has at most ``MAX_ROWS`` buckets in the span:
 raw up to about 2 hours, minutes up to a day, ten minutes up to 10 days, hours beyond. Roll-up
-points carry their bucket's min and max, so the downsampler keeps every dip.
+points carry their bucket's min and max, so the downsampler keeps every dip; when the chart's
+own buckets are wider than the tier's, the database groups the rows into them (lowest min,
+highest max), so only what the chart draws leaves it.
 
 A tier is complete up to the node's roll-up watermark (``Node.rolled_up_until``), floored to its
 bucket: the rest of the range is read from the minute tier up to the watermark and from raw

@@ -60,7 +60,7 @@
     const note = document.getElementById("chart-note");
     const failures = data.failures || [];
     let message = "Source: " + (data.source === "raw" ? "raw samples"
-      : "per-minute roll-ups (engine figures: per-minute, beyond 7 days per-hour, minimum and maximum)") + ".";
+      : data.source + " roll-ups (minimum and maximum of each bucket), then finer data up to now") + ".";
     if (failures.length) {
       const last = failures[failures.length - 1];
       message += " " + failures.length + " failed collection(s) in range (gaps); latest at " +
