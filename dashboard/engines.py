@@ -125,7 +125,7 @@ def engine_series(engine: Engine, range_key: str, now: datetime, max_points: int
     """The engine page's series over ``range_key``; a failed scrape is simply absent (a gap)."""
     span = RANGES[range_key]
     start = now - span
-    resolution = resolution_for(span)
+    resolution = resolution_for(span, interval)
     step = gap_step_seconds(span, max_points, interval, resolution)
     series = []
     found = engine_points([engine], [spec[1] for spec in ENGINE_SERIES], start, None,

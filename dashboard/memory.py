@@ -150,7 +150,7 @@ def chart_series(node: Node, range_key: str, now: datetime, max_points: int, int
     """Series for the overview chart over ``range_key``, each at most ``max_points`` long."""
     span = RANGES[range_key]
     start = now - span
-    resolution = resolution_for(span)
+    resolution = resolution_for(span, interval)
     failures = collection_failures(node, start, now)
     step = gap_step_seconds(span, max_points, interval, resolution)
     points = host_points(node, [figure.metric for figure in FIGURES], start, resolution,

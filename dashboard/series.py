@@ -26,14 +26,14 @@ from collectors.models import Engine, EngineRollup, EngineSample, Node, Rollup, 
 from collectors.retention import MINUTE, TIERS, floor_to
 from dashboard.downsample import SeriesPoint
 
-RAW_INTERVAL = 5.0  # seconds; the default collection interval, for choosing a source
 MAX_ROWS = 1500  # per series per chart: the finest source with at most this many buckets wins
 
 
-def resolution_for(span: timedelta) -> int:
-    """Seconds per bucket of the source a chart over ``span`` reads; 0 for raw samples."""
+def resolution_for(span: timedelta, interval: float) -> int:
+    """Seconds per bucket of the source a chart over ``span`` reads, with collections every
+    ``interval`` seconds; 0 for raw samples."""
     seconds = span.total_seconds()
-    if seconds / RAW_INTERVAL <= MAX_ROWS:
+    if seconds / interval <= MAX_ROWS:
         return 0
     for tier in TIERS:
         if seconds / tier.resolution <= MAX_ROWS:

@@ -112,7 +112,7 @@ def timeline(node: Node, range_key: str, now: datetime, max_points: int, interva
     """
     span = RANGES[range_key]
     start = now - span
-    resolution = resolution_for(span)
+    resolution = resolution_for(span, interval)
     # Each series is reduced to half the budget: breaking long gaps can add at most one point
     # per point, so the result stays within ``max_points``.
     budget = max(max_points // 2, 3)

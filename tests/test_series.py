@@ -21,13 +21,18 @@ NOW = datetime(2026, 11, 20, 12, 0, 7, tzinfo=UTC)
     (timedelta(days=365), 3600, "1 h"),
 ])
 def test_each_range_reads_the_finest_tier_with_at_most_1500_buckets(span, resolution, label):
-    assert resolution_for(span) == resolution
+    assert resolution_for(span, 5.0) == resolution
     assert source_label(resolution) == label
 
 
 def _rollup(node, resolution, start, value):
     return Rollup(node=node, metric=Metric.MEM_AVAILABLE, resolution=resolution, start=start,
                   min=value, max=value + 1, mean=value, count=1)
+
+
+def test_a_longer_collection_interval_keeps_raw_samples_for_longer_ranges():
+    assert resolution_for(timedelta(hours=6), 5.0) == 60
+    assert resolution_for(timedelta(hours=6), 15.0) == 0  # 1,440 raw samples
 
 
 def test_an_hourly_chart_ends_with_minutes_and_raw_samples_not_an_hour_early(node):
