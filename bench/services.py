@@ -1,4 +1,5 @@
-"""The real servers a benchmark runs: child processes, a private PostgreSQL, a private Podman.
+"""The real servers a benchmark runs: child processes, a private PostgreSQL, a private Podman
+(:mod:`collectors.podman`).
 
 Everything listens on 127.0.0.1 only, lives in a temporary directory of its own and is stopped
 by the process id it was started with (never by name), so a benchmark can run next to a test
@@ -19,6 +20,8 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
+
+from collectors.podman import PodmanError, PrivatePodman
 
 PROJECT = Path(__file__).resolve().parent.parent
 
@@ -152,26 +155,18 @@ PODMAN_STORAGE_ENV = "BENCH_PODMAN_STORAGE"
 BENCH_LABEL = "sparkops.bench=1"
 
 
-class Podman:
-    """The podman CLI on a private storage root (``--root``/``--runroot``), as the tests use it:
-    containers run a program from this machine's own file system (``--rootfs /:O``) with host
-    networking; ``runc`` and ``cgroupfs`` are what this kind of machine accepts."""
+class Podman(PrivatePodman):
+    """A :class:`collectors.podman.PrivatePodman` (every state directory under ``storage``, so
+    the machine's other containers are never touched), as the tests use it: containers run a
+    program from this machine's own file system (``--rootfs /:O``) with host networking."""
 
     def __init__(self, storage: Path) -> None:
+        super().__init__(storage)
         self.storage = storage
-        self.argv = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
-                     "--root", str(storage / "root"), "--runroot", str(storage / "run")]
 
     @classmethod
     def from_env(cls) -> Podman:
         return cls(Path(os.environ[PODMAN_STORAGE_ENV]))
-
-    def __call__(self, *args: str, timeout: float = 60) -> str:
-        result = subprocess.run([*self.argv, *args], capture_output=True, text=True,
-                                timeout=timeout)
-        if result.returncode != 0:
-            raise RuntimeError(f"podman {' '.join(args[:2])} failed: {result.stderr.strip()}")
-        return result.stdout.strip()
 
     def run(self, name: str, command: Sequence[str], labels: dict[str, str]) -> str:
         """Create and start a container running ``command``; return its id."""
@@ -189,7 +184,7 @@ class Podman:
             try:
                 self("rm", "--force", "--time", "0", "--all", timeout=180)
                 return
-            except (RuntimeError, subprocess.TimeoutExpired) as error:
+            except PodmanError as error:
                 if attempt == 2:
                     print(f"  (podman: {error}; left to the service's cleanup)", flush=True)
                 time.sleep(2)
@@ -198,24 +193,16 @@ class Podman:
 @contextmanager
 def podman_service() -> Iterator[tuple[Podman, str]]:
     """``podman system service`` on a private socket; yields the CLI and the ``unix://`` URL.
-    Everything it created is removed afterwards (containers, storage)."""
+    Everything it created is removed afterwards by path (containers, what they left running,
+    storage); :class:`collectors.podman.LeftoverError` if a process survives."""
     if not shutil.which("podman"):
         raise RuntimeError("podman is not installed (Debian packages podman and runc)")
     top = Path(tempfile.mkdtemp(prefix="sparkops-bench-podman-"))
     podman = Podman(top / "storage")
-    socket_path = top / "podman.sock"
-    service = subprocess.Popen([*podman.argv, "system", "service", "--time=0",
-                                f"unix://{socket_path}"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(socket_path.exists, 20, "the podman socket")
-        yield podman, f"unix://{socket_path}"
+        url = podman.start_service(timeout=20)
+        yield podman, url
     finally:
         podman.remove_all()
-        service.terminate()
-        try:
-            service.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            service.kill()
-        subprocess.run([*podman.argv, "system", "reset", "--force"], capture_output=True)
+        podman.destroy()
         shutil.rmtree(top, ignore_errors=True)

@@ -11,7 +11,9 @@ machine without a GB10. This module holds what does not depend on the dashboard:
   visibly and never threatens the machine;
 * :func:`engine_command`: the engine emulator's command line for one engine at one scale;
 * :class:`PodmanService` and :class:`Containers`: a private Podman Docker-API service and the
-  engine containers, created the way this kind of machine accepts them (see the README, "Demo").
+  engine containers, created the way this kind of machine accepts them (see the README, "Demo"),
+  over a :class:`collectors.podman.PrivatePodman`, so stopping the demo touches no other
+  container on the machine.
 
 Nothing here fakes discovery: the engines are real containers running the project's vLLM
 emulator, which really reserves the (scaled) memory, and SparkOps finds them through the Docker
@@ -26,13 +28,14 @@ import json
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
+
+from collectors.podman import LeftoverError, PodmanError, PrivatePodman
 
 GIB = 1024**3
 MIB = 1024**2
@@ -293,7 +296,7 @@ class Containers:
 
 
 class PodmanService:
-    """``podman system service`` on a private socket, over storage of its own.
+    """``podman system service`` on a private socket, over a :class:`PrivatePodman` of its own.
 
     The storage lives in a folder named after the demo's data directory, so the containers of
     an admin (or of a test run) are neither seen nor touched, and a demo that was killed before
@@ -303,61 +306,43 @@ class PodmanService:
     def __init__(self, data_dir: Path) -> None:
         digest = hashlib.sha256(str(data_dir).encode()).hexdigest()[:10]
         # A short path: the API socket's path must fit a unix socket name (108 bytes).
-        self.base = Path(tempfile.gettempdir()) / f"sparkops-demo-{digest}"
-        self.socket = self.base / "podman.sock"
-        self.podman_argv = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
-                            "--root", str(self.base / "root"),
-                            "--runroot", str(self.base / "run")]
+        self.podman = PrivatePodman(Path(tempfile.gettempdir()) / f"sparkops-demo-{digest}")
+        self.base = self.podman.base
+        self.socket = self.podman.socket
+        self.podman_argv = self.podman.argv
         self.containers = Containers(self.podman_argv)
-        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"unix://{self.socket}"
+        return self.podman.url
 
     def start(self, timeout: float = 30) -> str:
         """Start the service (after clearing a killed demo's leftovers); its ``unix://`` URL."""
         if self.base.exists():
             self._reset()
         self.base.mkdir(parents=True)
-        log = (self.base / "service.log").open("wb")
-        # Its own session: Ctrl-C in the terminal reaches the demo, which removes the containers
-        # before it stops the service.
-        self.process = subprocess.Popen(
-            [*self.podman_argv, "system", "service", "--time=0", self.url],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-        log.close()
-        deadline = time.monotonic() + timeout
-        while not self.socket.exists():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                text = (self.base / "service.log").read_text(errors="replace").strip()
-                self.stop()
-                raise DemoError(f"podman system service did not start: {text[-800:]}"
-                                f"{_hint(text)}")
-            time.sleep(0.1)
-        return self.url
+        try:
+            return self.podman.start_service(log=self.base / "service.log", timeout=timeout)
+        except PodmanError as error:
+            text = str(error)
+            self.stop()
+            raise DemoError(f"{text}{_hint(text)}") from None
 
     def stop(self) -> None:
-        """Remove the demo's containers, stop the service, and delete its storage."""
-        # On failure the reset below removes whatever is left.
+        """Remove the demo's containers and everything they left running, stop the service,
+        and delete its storage; :class:`DemoError` if a process or mount survives."""
+        # On failure the removal below takes whatever is left.
         with contextlib.suppress(DemoError, OSError):
             self.containers.remove_demo()
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
         self._reset()
 
     def _reset(self) -> None:
-        # Containers of a demo that was killed may still run and hold their memory.
-        for args in (["rm", "--force", "--all", "--time", "0"], ["system", "reset", "--force"]):
-            with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-                subprocess.run([*self.podman_argv, *args], capture_output=True, timeout=120)
-        shutil.rmtree(self.base, ignore_errors=True)
+        # Only this storage, by path: containers of a demo that was killed may still run and
+        # hold their memory; other Podman state on the machine is not touched.
+        try:
+            self.podman.destroy()
+        except LeftoverError as error:
+            raise DemoError(f"{error}; stop them by hand (their pids are listed)") from None
 
 
 def healthy(port: int, timeout: float = 2.0) -> bool:

@@ -20,7 +20,7 @@ from collectors.procfs import Procfs
 
 # Shared fixtures that live in their own harness modules: a real browser, a real container engine.
 from tests.browser import browser, page  # noqa: E402,F401
-from tests.containers import docker_host  # noqa: E402,F401
+from tests.containers import docker_host, remove_started_containers  # noqa: E402,F401
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PROJECT = Path(__file__).resolve().parent.parent
@@ -34,6 +34,14 @@ def _plain_static_storage(settings) -> None:
         **settings.STORAGES,
         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     }
+
+
+@pytest.fixture(autouse=True)
+def _remove_the_tests_containers() -> Iterator[None]:
+    # A test's containers are removed when it ends, passed or failed: engines left running
+    # would be the next test's neighbours, in its ledger and its discovery.
+    yield
+    remove_started_containers()
 
 
 @pytest.fixture

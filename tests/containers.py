@@ -3,7 +3,9 @@
 Containers run a program from this machine's own file system (``--rootfs /:O``, an overlay, so
 nothing is written back) with host networking, since no image registry is reachable.
 ``--runtime runc --cgroup-manager cgroupfs`` and the low ulimits are what this kind of machine
-accepts (the default crun runtime fails with "cgroups in hybrid mode not supported").
+accepts (the default crun runtime fails with "cgroups in hybrid mode not supported"). The
+Podman is a :class:`collectors.podman.PrivatePodman`: all of its state lives in one folder of
+this run, removed by path at the end, after killing anything its containers left running.
 """
 
 from __future__ import annotations
@@ -12,49 +14,54 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from collectors.podman import LeftoverError, PodmanError, PrivatePodman
+
 PROJECT = Path(__file__).resolve().parent.parent
-# A storage root of this test run's own: containers of another run on the same machine (or of
-# the admin) are neither seen nor touched.
-STORAGE = Path(tempfile.gettempdir()) / f"sparkops-podman-{os.getpid()}"
-PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
-          "--root", str(STORAGE / "root"), "--runroot", str(STORAGE / "run")]
+# Podman state of this test run's own (storage, temp directory, volumes, networks): containers of
+# another run on the same machine (or of the admin) are neither seen nor touched.
+SESSION_PODMAN = PrivatePodman(Path(tempfile.gettempdir()) / f"sparkops-podman-{os.getpid()}")
+STORAGE = SESSION_PODMAN.base
+PODMAN = SESSION_PODMAN.argv
 TEST_LABEL = "sparkops.test=1"
+# Containers started by the test that is running (with the Podman that runs each): removed when
+# it ends, so a test's engines are never the next test's neighbours (see ``conftest``).
+_STARTED: list[tuple[PrivatePodman, str]] = []
+
+
+def start_podman(private: PrivatePodman) -> str:
+    """Start ``private``'s Docker-API service; its ``unix://`` URL (pytest failure if not)."""
+    if not shutil.which("podman"):
+        pytest.fail("podman is not installed (Debian packages podman and runc)")
+    try:
+        return private.start_service(timeout=20)
+    except PodmanError as error:
+        pytest.fail(str(error))
+
+
+def stop_podman(private: PrivatePodman) -> None:
+    """Remove everything ``private`` created: its containers and whatever they left running
+    (found by cgroup and command line, then killed), its service, mounts and folders. Fails
+    the test run, naming the processes, if any of them survives."""
+    try:
+        private.destroy()
+    except LeftoverError as error:
+        pytest.fail(f"test containers left processes behind: {error}")
 
 
 @pytest.fixture(scope="session")
 def docker_host() -> Iterator[str]:
     """Start ``podman system service`` on a private socket; yield its ``unix://`` URL."""
-    if not shutil.which("podman"):
-        pytest.fail("podman is not installed (Debian packages podman and runc)")
-    folder = Path(tempfile.mkdtemp(prefix="sparkops-podman-"))
-    socket_path = folder / "podman.sock"
-    service = subprocess.Popen(
-        [*PODMAN, "system", "service", "--time=0", f"unix://{socket_path}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 20
-    while not socket_path.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if not socket_path.exists():
-        service.kill()
-        pytest.fail("podman system service did not create its socket within 20 s")
+    url = start_podman(SESSION_PODMAN)
     try:
-        yield f"unix://{socket_path}"
+        yield url
     finally:
-        subprocess.run([*PODMAN, "rm", "--force", "--time", "0", "--filter",
-                        f"label={TEST_LABEL}", "--all"], capture_output=True)
-        service.terminate()
-        service.wait(timeout=10)
-        shutil.rmtree(folder, ignore_errors=True)
-        subprocess.run([*PODMAN, "system", "reset", "--force"], capture_output=True)
-        shutil.rmtree(STORAGE, ignore_errors=True)
+        stop_podman(SESSION_PODMAN)
 
 
 def unique_name(prefix: str) -> str:
@@ -62,9 +69,10 @@ def unique_name(prefix: str) -> str:
 
 
 def run_container(name: str, command: list[str], *, labels: dict[str, str] | None = None,
-                  volumes: list[str] | None = None, env: dict[str, str] | None = None) -> str:
+                  volumes: list[str] | None = None, env: dict[str, str] | None = None,
+                  private: PrivatePodman = SESSION_PODMAN) -> str:
     """Create and start a container running ``command`` from the host file system; its id."""
-    argv = [*PODMAN, "run", "--detach", "--name", name, "--label", TEST_LABEL,
+    argv = [*private.argv, "run", "--detach", "--name", name, "--label", TEST_LABEL,
             "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
             "--network", "host", "--workdir", str(PROJECT)]
     for key, value in (labels or {}).items():
@@ -74,10 +82,19 @@ def run_container(name: str, command: list[str], *, labels: dict[str, str] | Non
     for key, value in (env or {}).items():
         argv += ["--env", f"{key}={value}"]
     argv += ["--rootfs", "/:O", *command]
+    _STARTED.append((private, name))
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
         raise RuntimeError(f"podman run failed: {result.stderr.strip()}")
     return result.stdout.strip()
+
+
+def remove_started_containers() -> None:
+    """Remove every container ``run_container`` started since the last call (gone is fine)."""
+    while _STARTED:
+        private, name = _STARTED.pop()
+        subprocess.run([*private.argv, "rm", "--force", "--ignore", "--time", "0", name],
+                       capture_output=True, timeout=120)
 
 
 def podman(*args: str, timeout: float = 60) -> str:

@@ -8,14 +8,23 @@ wall-clock time across daylight-saving changes ("03:00 Europe/Berlin" is 02:00 U
 clocks skip (02:30 on the night they go forward) falls an hour later, as zoneinfo reads it with
 the offset before the change; one they pass twice is its first pass.
 
+Every expansion is bounded, whatever a stored rule says (see :func:`expansion_cost`): the rule is
+re-anchored near the range asked for, whole periods after its DTSTART, so a window that started in
+1800 costs what one that started last week costs; a rule that can never match a date is refused
+before it is expanded; and the expansion runs in a copy of the calendar placed just before the
+year 9999, where dateutil's iteration ends by itself, so even a rule that stops matching cannot
+search for long. An expansion that would still cost more than :data:`MAX_ITERATIONS` steps is
+refused with a message instead of run.
+
 Every function here raises :class:`ValueError` with a message fit for a form on bad input.
 """
 
 from __future__ import annotations
 
+import calendar
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import MAXYEAR, UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from dateutil.rrule import rrule, rrulestr
@@ -30,6 +39,7 @@ __all__ = [
     "build_recurrence",
     "check_window",
     "current_or_next",
+    "expansion_cost",
     "occurrences",
     "parse_recurrence",
     "resolve_zone",
@@ -43,6 +53,23 @@ MAX_DURATION_MINUTES = 24 * 60
 # Windows are for restarts that take ~10 minutes; a rule that fires every minute or second is a
 # typo, and iterating it from DTSTART would cost real time on every page view.
 REFUSED_FREQUENCIES = {"SECONDLY", "MINUTELY"}
+# A window opens at least once a year; the search for the next opening looks no further.
+NEXT_OPENING_HORIZON = timedelta(days=366)
+# A COUNT counts from DTSTART, so such a rule cannot be re-anchored: its start must be recent.
+COUNT_START_HORIZON = timedelta(days=366)
+MAX_COUNT = 1000
+MAX_INTERVAL = 1000
+# Steps of dateutil's loop one expansion may take (a step is a day for DAILY and HOURLY rules, a
+# week, month or year for the others; an HOURLY rule takes a step per opening too). Pure-Python
+# steps cost ~5-10 µs, so this keeps an expansion well under a tenth of a second.
+MAX_ITERATIONS = 20_000
+STEPS_PER_YEAR = {"YEARLY": 1, "MONTHLY": 12, "WEEKLY": 53, "DAILY": 366, "HOURLY": 366}
+# Longest month, for rules that name a day no month (of those chosen) has. February counts 29:
+# a leap day is a date.
+MONTH_DAYS = {1: 31, 2: 29, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10: 31, 11: 30,
+              12: 31}
+# Around the local range asked for: one day absorbs any UTC offset and daylight-saving fold.
+LOCAL_PADDING = timedelta(days=1)
 LOCAL_FORMAT = "%Y%m%dT%H%M%S"
 DTSTART_LINE = re.compile(r"^DTSTART;TZID=(?P<zone>[^:;\s]+):(?P<local>\d{8}T\d{6})$")
 
@@ -112,8 +139,10 @@ def split_recurrence(text: str) -> tuple[datetime, str, str]:
 def parse_recurrence(text: str) -> rrule:
     """The dateutil rule of a stored recurrence, its DTSTART aware in the window's zone.
 
-    Refuses an unknown zone, a rule dateutil cannot read, COUNT=0 (no occurrence at all) and
-    rules that recur more often than hourly.
+    Refuses an unknown zone, a rule dateutil cannot read, COUNT=0 (no occurrence at all), COUNT
+    above :data:`MAX_COUNT`, INTERVAL above :data:`MAX_INTERVAL`, rules that recur more often than
+    hourly, and rules that name no date there is (February 30, the 31st of 30-day months, the
+    400th day of a year). Cost: constant; nothing is expanded.
     """
     _, zone_name, rule = split_recurrence(text)
     resolve_zone(zone_name)
@@ -123,6 +152,8 @@ def parse_recurrence(text: str) -> rrule:
     if parts.get("FREQ") in REFUSED_FREQUENCIES:
         raise ValueError("A restart window recurs at most hourly (FREQ=HOURLY, DAILY, WEEKLY, "
                          "MONTHLY or YEARLY).")
+    _refuse_unbounded(parts)
+    _refuse_impossible_dates(parts)
     try:
         parsed = rrulestr(text, tzids=resolve_zone)
     except (ValueError, TypeError, KeyError) as error:
@@ -135,36 +166,45 @@ def parse_recurrence(text: str) -> rrule:
 def check_window(recurrence: str, duration_minutes: int, now: datetime) -> WindowOccurrence:
     """Validate a whole window as the form saves it; returns its current or next occurrence.
 
-    The duration must be 1 minute to 24 hours, and the rule must still open at or after ``now``
-    (a rule whose COUNT or UNTIL has run out, or that matches no date, is refused).
+    The duration must be 1 minute to 24 hours, a rule with COUNT must start within the last
+    year, and the rule must open within a year of ``now`` or of its first opening (a rule whose
+    COUNT or UNTIL has run out, that matches no date, or that opens less often than once a year
+    is refused).
     """
     if not 0 < duration_minutes <= MAX_DURATION_MINUTES:
         raise ValueError(f"A window lasts from 1 to {MAX_DURATION_MINUTES} minutes (24 hours).")
-    found = _current_or_next(parse_recurrence(recurrence), duration_minutes, now)
+    parse_recurrence(recurrence)
+    local_start, zone_name, rule = split_recurrence(recurrence)
+    if "COUNT" in _rule_parts(rule):
+        started = local_start.replace(tzinfo=resolve_zone(zone_name))
+        if started < now - COUNT_START_HORIZON:
+            raise ValueError("A rule with COUNT counts from its first opening, which must be "
+                             "within the last year; leave COUNT out, or start it later.")
+    found = _current_or_next(recurrence, duration_minutes, now)
     if found is None:
-        raise ValueError("This rule has no occurrence from now on: its COUNT or UNTIL has run "
-                         "out, or it matches no date.")
+        raise ValueError("This rule has no occurrence from now on (within the next year): its "
+                         "COUNT or UNTIL has run out, or it matches no date, or it opens less "
+                         "often than once a year.")
     return found
 
 
 def occurrences(window: RestartWindow, start: datetime, end: datetime) -> list[WindowOccurrence]:
     """Occurrences of ``window`` overlapping ``[start, end)``, in UTC, oldest first.
 
-    An occurrence that opened before ``start`` and is still open is included. Cost: dateutil
-    iterates from DTSTART, so this is linear in the number of occurrences since then (a weekly
-    window has 52 a year).
+    An occurrence that opened before ``start`` and is still open is included. Cost: linear in
+    the length of the range (not in the time since DTSTART), at most :data:`MAX_ITERATIONS`
+    steps; a longer range is refused with ValueError.
     """
-    rule = parse_recurrence(window.recurrence)
     length = timedelta(minutes=window.duration_minutes)
-    starts = rule.between(start - length, end, inc=True)
+    starts = _starts(window.recurrence, start - length, end)
     found = [_occurrence(opened, length, window) for opened in starts]
     return [occ for occ in found if occ.end > start and occ.start < end]
 
 
 def current_or_next(window: RestartWindow, now: datetime) -> WindowOccurrence | None:
-    """The occurrence open at ``now``, else the next one, else None (the rule has run out)."""
-    return _current_or_next(parse_recurrence(window.recurrence), window.duration_minutes, now,
-                            window)
+    """The occurrence open at ``now``, else the next one within a year of ``now`` (or of the
+    first opening, when that is later), else None (the rule has run out, or opens less often)."""
+    return _current_or_next(window.recurrence, window.duration_minutes, now, window)
 
 
 def window_containing(node: Node, engine: Engine | None, at: datetime) -> WindowOccurrence | None:
@@ -188,16 +228,151 @@ def window_containing(node: Node, engine: Engine | None, at: datetime) -> Window
     return best
 
 
-def _current_or_next(rule: rrule, duration_minutes: int, now: datetime,
+def expansion_cost(recurrence: str, start: datetime, end: datetime) -> int:
+    """The most steps dateutil's loop can take to expand ``recurrence`` over ``[start, end]``.
+
+    Every expansion here checks this first and refuses (ValueError, saying why) above
+    :data:`MAX_ITERATIONS`, so it is the bound of what any input can cost. Cost: constant.
+    """
+    return _plan(recurrence, start, end).cost
+
+
+def _current_or_next(recurrence: str, duration_minutes: int, now: datetime,
                      window: RestartWindow | None = None) -> WindowOccurrence | None:
     length = timedelta(minutes=duration_minutes)
-    latest = rule.before(now, inc=True)
-    if latest is not None:
-        occurrence = _occurrence(latest, length, window)
-        if occurrence.contains(now):
+    local_start, zone_name, _ = split_recurrence(recurrence)
+    # A window whose first opening is still to come is searched from there.
+    first = local_start.replace(tzinfo=resolve_zone(zone_name)).astimezone(UTC)
+    for opened in _starts(recurrence, now - length, max(now, first) + NEXT_OPENING_HORIZON):
+        occurrence = _occurrence(opened, length, window)
+        if occurrence.contains(now) or occurrence.start > now:
             return occurrence
-    upcoming = rule.after(now)
-    return None if upcoming is None else _occurrence(upcoming, length, window)
+    return None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How to expand a rule over a range cheaply: from ``anchor`` (a naive local DTSTART with
+    the same occurrences from there on), in a calendar ``shift_years`` later, ``cost`` steps."""
+
+    rule: rrule
+    zone: ZoneInfo
+    shift_years: int
+    cost: int
+    low: datetime
+    high: datetime
+
+
+def _plan(recurrence: str, start: datetime, end: datetime) -> _Plan:
+    parse_recurrence(recurrence)
+    local_start, zone_name, rule_text = split_recurrence(recurrence)
+    zone = resolve_zone(zone_name)
+    parts = _rule_parts(rule_text)
+    freq, interval = parts["FREQ"], int(parts.get("INTERVAL") or 1)
+    low = start.astimezone(zone).replace(tzinfo=None) - LOCAL_PADDING
+    high = end.astimezone(zone).replace(tzinfo=None) + LOCAL_PADDING
+    anchor = local_start
+    if "COUNT" not in parts and anchor < low:
+        anchor = _aligned(anchor, freq, interval, low)
+    # A window that first opens after the range: the range holds nothing, nothing to search.
+    high = max(high, anchor)
+    first_year = anchor.year
+    shift = _twin_shift(first_year, high.year)
+    # dateutil's loop ends by itself after the year 9999: the shifted copy never searches
+    # further than that, even when the rule matches nothing more.
+    cost = (MAXYEAR - (first_year + shift) + 1) * STEPS_PER_YEAR[freq]
+    if freq == "HOURLY":
+        cost += int((high - anchor).total_seconds() // 3600 // interval)
+    if cost > MAX_ITERATIONS:
+        raise ValueError(f"Expanding this rule would take about {cost:,} steps (at most "
+                         f"{MAX_ITERATIONS:,}): start it later, or without COUNT.")
+    shifted = _with_rule_text(rule_text, _shift(anchor, shift), zone, shift, high)
+    return _Plan(rule=shifted, zone=zone, shift_years=shift, cost=cost, low=low, high=high)
+
+
+def _starts(recurrence: str, start: datetime, end: datetime) -> list[datetime]:
+    """UTC starts of ``recurrence`` in ``[start, end]``, oldest first, within the plan's bound."""
+    plan = _plan(recurrence, start, end)
+    local = plan.rule.between(_shift(plan.low, plan.shift_years),
+                              _shift(plan.high, plan.shift_years), inc=True)
+    starts = [_shift(opened, -plan.shift_years).replace(tzinfo=plan.zone).astimezone(UTC)
+              for opened in local]
+    return [opened for opened in starts if start <= opened <= end]
+
+
+def _with_rule_text(rule_text: str, dtstart: datetime, zone: ZoneInfo, shift: int,
+                    high: datetime) -> rrule:
+    """The dateutil rule of ``rule_text`` from naive ``dtstart``; UNTIL (UTC) becomes naive
+    local time in ``zone``, no later than ``high`` (the range ends there anyway), shifted like
+    everything else."""
+    parts = [part for part in rule_text.split(";") if part.strip()]
+    kept = [part for part in parts if not part.strip().upper().startswith("UNTIL=")]
+    rule = rrulestr("RRULE:" + ";".join(kept), dtstart=dtstart)
+    until = [part.split("=", 1)[1].strip() for part in parts if part not in kept]
+    if not until:
+        return rule
+    local_until = min(_parse_until(until[0]).astimezone(zone).replace(tzinfo=None), high)
+    return rule.replace(until=_shift(local_until, shift))
+
+
+def _parse_until(text: str) -> datetime:
+    # parse_recurrence has let dateutil check the value: with a zoned DTSTART it is UTC.
+    text = text.upper().removesuffix("Z")
+    form = LOCAL_FORMAT if "T" in text else "%Y%m%d"
+    return datetime.strptime(text, form).replace(tzinfo=UTC)
+
+
+def _aligned(start: datetime, freq: str, interval: int, target: datetime) -> datetime:
+    """The latest of ``start`` plus a whole number of ``interval`` periods that is at most
+    ``target``, with the fields dateutil fills in from DTSTART (time of day, weekday, day of
+    month, month) unchanged, so it yields the same occurrences from there on. ``start`` itself
+    when no such later one exists (a 31st or 29 February that the periods never reach again)."""
+    fixed = {"HOURLY": timedelta(hours=interval), "DAILY": timedelta(days=interval),
+             "WEEKLY": timedelta(weeks=interval)}.get(freq)
+    if fixed is not None:
+        return start + fixed * ((target - start) // fixed)
+    months = 12 if freq == "YEARLY" else 1
+    elapsed = ((target.year - start.year) * 12 + target.month - start.month) // months
+    periods = elapsed // interval
+    # At most 48 tries: a day that exists recurs within 4 years, or never for this interval.
+    for back in range(min(periods, 48) + 1):
+        moved = _add_months(start, (periods - back) * interval * months)
+        if moved is not None and moved <= target:
+            return moved
+    return start
+
+
+def _add_months(moment: datetime, months: int) -> datetime | None:
+    index = moment.year * 12 + moment.month - 1 + months
+    year, month = divmod(index, 12)
+    if year > MAXYEAR or moment.day > calendar.monthrange(year, month + 1)[1]:
+        return None
+    return moment.replace(year=year, month=month + 1)
+
+
+def _twin_shift(first_year: int, last_year: int) -> int:
+    """Whole years to add so that ``first_year..last_year`` land as close before 9999 as their
+    calendar allows: each year lands on one that starts on the same weekday and has the same
+    length, so every date, weekday, week number and day count is the same there.
+
+    Within a century the calendar repeats every 28 years, and the whole Gregorian calendar
+    every 400; the search stops at the first fit, at most 400 years back.
+    """
+    span = [_year_shape(year) for year in range(first_year, last_year + 1)]
+    latest = MAXYEAR - last_year
+    for shift in range(latest, max(latest - 400, -1), -1):
+        if all(_year_shape(first_year + shift + i) == shape for i, shape in enumerate(span)):
+            return shift
+    return 0
+
+
+def _year_shape(year: int) -> tuple[int, bool]:
+    return datetime(year, 1, 1).weekday(), calendar.isleap(year)
+
+
+def _shift(moment: datetime, years: int) -> datetime:
+    # Safe for 29 February: a twin year has the same length.
+    return moment.replace(year=moment.year + years)
 
 
 def _occurrence(opened: datetime, length: timedelta,
@@ -219,6 +394,43 @@ def _normalise_rule(rrule_line: str) -> str:
                          "and zone have their own fields.")
     # RRULE names and values are case-insensitive (RFC 5545 §3.1); dateutil wants upper case.
     return rule.upper()
+
+
+def _refuse_unbounded(parts: dict[str, str]) -> None:
+    for name, most in (("COUNT", MAX_COUNT), ("INTERVAL", MAX_INTERVAL)):
+        value = parts.get(name)
+        if value is not None and value.isdigit() and int(value) > most:
+            raise ValueError(f"{name}={value} is more than a restart window needs (at most "
+                             f"{most}).")
+
+
+def _refuse_impossible_dates(parts: dict[str, str]) -> None:
+    """ValueError, in words, for a rule that names only dates no calendar has."""
+    months = _numbers(parts.get("BYMONTH")) or list(MONTH_DAYS)
+    longest = max(MONTH_DAYS.get(month, 31) for month in months)
+    monthdays = _numbers(parts.get("BYMONTHDAY"))
+    if monthdays and all(abs(day) > longest for day in monthdays):
+        names = ", ".join(calendar.month_name[m] for m in months if m in MONTH_DAYS)
+        raise ValueError(f"This rule matches no date: BYMONTHDAY={parts['BYMONTHDAY']} never "
+                         f"falls in {names} (at most {longest} days).")
+    yeardays = _numbers(parts.get("BYYEARDAY"))
+    if yeardays and all(abs(day) > 366 for day in yeardays):
+        raise ValueError(f"This rule matches no date: BYYEARDAY={parts['BYYEARDAY']}, but a "
+                         "year has at most 366 days.")
+    weeks = _numbers(parts.get("BYWEEKNO"))
+    if weeks and all(abs(week) > 53 for week in weeks):
+        raise ValueError(f"This rule matches no date: BYWEEKNO={parts['BYWEEKNO']}, but a year "
+                         "has at most 53 weeks.")
+
+
+def _numbers(value: str | None) -> list[int]:
+    """The integers of a BYxxx list; what is not a number is left for dateutil to refuse."""
+    found = []
+    for item in (value or "").split(","):
+        item = item.strip()
+        if item.lstrip("+-").isdigit():
+            found.append(int(item))
+    return found
 
 
 def _rule_parts(rule: str) -> dict[str, str]:

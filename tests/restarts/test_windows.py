@@ -6,12 +6,17 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from dateutil.rrule import rrulestr
 
+from dashboard.restarts.forms import RestartWindowForm
+from dashboard.restarts.models import RestartWindow
 from dashboard.restarts.windows import (
+    MAX_ITERATIONS,
     WindowOccurrence,
     build_recurrence,
     check_window,
     current_or_next,
+    expansion_cost,
     occurrences,
     split_recurrence,
     window_containing,
@@ -102,8 +107,8 @@ def test_a_window_of_no_time_or_more_than_a_day_is_refused(minutes):
         check_window(recurrence, minutes, utc(2026, 10, 1))
 
 
-@pytest.mark.parametrize("rule", ["FREQ=WEEKLY;COUNT=2", "FREQ=YEARLY;BYMONTH=2;BYMONTHDAY=30",
-                                  "FREQ=DAILY;UNTIL=20261201T000000Z"])
+@pytest.mark.parametrize("rule", ["FREQ=WEEKLY;COUNT=2", "FREQ=DAILY;UNTIL=20261201T000000Z",
+                                  "FREQ=YEARLY;BYYEARDAY=60;BYMONTH=1"])
 def test_a_rule_with_no_future_occurrence_is_refused(rule):
     recurrence = build_recurrence(datetime(2026, 11, 1, 3, 0), "Asia/Seoul", rule)
 
@@ -139,3 +144,102 @@ def test_windows_of_another_node_do_not_apply(node):
     make_window(other, minutes=120)
 
     assert window_containing(node, gemma, utc(2026, 11, 7, 18, 30)) is None
+
+
+# --- bounded expansion: no rule costs more than MAX_ITERATIONS steps --------------------------
+def stored_window(node, recurrence: str, minutes: int = 60) -> RestartWindow:
+    """A window saved without the form's checks, as an old or hand-made row would be."""
+    return RestartWindow.objects.create(name="stored", node=node, recurrence=recurrence,
+                                        time_zone="Asia/Seoul", duration_minutes=minutes)
+
+
+def test_an_hourly_window_from_1800_expands_from_near_now_with_the_same_openings(node):
+    recurrence = "DTSTART;TZID=Asia/Seoul:18000101T001500\nRRULE:FREQ=HOURLY;INTERVAL=7"
+    window = stored_window(node, recurrence)
+    start, end = utc(2026, 11, 2), utc(2026, 11, 4)
+
+    found = occurrences(window, start, end)
+
+    # Every 7 hours of wall-clock time from 1800-01-01 00:15 KST (no daylight saving there).
+    first_local, step = datetime(1800, 1, 1, 0, 15), timedelta(hours=7)
+    local = datetime(2026, 11, 2, 9, 0)  # start, in KST
+    local = first_local + step * -(-(local - timedelta(hours=1) - first_local) // step)
+    expected = []
+    while local < datetime(2026, 11, 4, 9, 0):
+        expected.append(local.replace(tzinfo=ZoneInfo("Asia/Seoul")).astimezone(UTC))
+        local += step
+    assert [occ.start for occ in found] == expected
+    assert expansion_cost(recurrence, start, end) <= MAX_ITERATIONS
+    assert current_or_next(window, start).start in expected[:2]
+
+
+def test_a_rule_that_matches_no_date_is_refused_in_words_before_it_is_expanded(node):
+    rule = "FREQ=HOURLY;BYMONTH=2;BYMONTHDAY=30"
+    with pytest.raises(ValueError, match="matches no date: BYMONTHDAY=30 never falls in "
+                                         "February"):
+        build_recurrence(datetime(2026, 11, 1, 3), "Asia/Seoul", rule)
+    # A stored one is refused the same way wherever it is expanded (the page shows the words).
+    window = stored_window(node, f"DTSTART;TZID=Asia/Seoul:18000101T000000\nRRULE:{rule}")
+    with pytest.raises(ValueError, match="matches no date"):
+        current_or_next(window, utc(2026, 11, 1))
+
+
+@pytest.mark.parametrize("rule", ["FREQ=HOURLY;BYYEARDAY=60;BYMONTH=1",
+                                  "FREQ=DAILY;BYMONTHDAY=31;BYMONTH=4,6,9,11,1",
+                                  "FREQ=DAILY;UNTIL=20261201T000000Z"])
+def test_a_rule_that_stops_matching_costs_a_bounded_search(node, rule):
+    # Day 60 is never in January: dateutil alone would search every day up to the year 9999.
+    recurrence = f"DTSTART;TZID=Asia/Seoul:18000101T000000\nRRULE:{rule}"
+    now = utc(2026, 12, 15)
+
+    assert expansion_cost(recurrence, now, now + timedelta(days=366)) <= MAX_ITERATIONS
+    found = current_or_next(stored_window(node, recurrence), now)
+    assert found is None or found.start.month == 1
+
+
+def test_a_count_rule_from_long_ago_is_refused_by_its_cost_not_expanded(node):
+    recurrence = "DTSTART;TZID=Asia/Seoul:18000101T000000\nRRULE:FREQ=DAILY;COUNT=900"
+    with pytest.raises(ValueError, match=r"would take about [\d,]+ steps"):
+        current_or_next(stored_window(node, recurrence), utc(2026, 11, 1))
+    with pytest.raises(ValueError, match="must be within the last year"):
+        check_window(recurrence, 60, utc(2026, 11, 1))
+
+
+@pytest.mark.parametrize(("zone", "local_start", "rule"), [
+    ("Asia/Seoul", datetime(2001, 1, 7, 3), "FREQ=WEEKLY;BYDAY=SU"),
+    ("Europe/Berlin", datetime(2001, 1, 2, 2, 30), "FREQ=WEEKLY;INTERVAL=3;BYDAY=TU,SA"),
+    ("Europe/Berlin", datetime(2001, 1, 31, 3), "FREQ=MONTHLY"),
+    ("Asia/Seoul", datetime(2001, 1, 13, 1), "FREQ=MONTHLY;INTERVAL=5;BYDAY=1SA"),
+    ("Asia/Seoul", datetime(2001, 3, 1, 4), "FREQ=MONTHLY;BYSETPOS=-1;BYDAY=MO,TU,WE,TH,FR"),
+    ("America/New_York", datetime(2000, 2, 29, 23), "FREQ=YEARLY"),
+    ("America/New_York", datetime(2001, 1, 1, 5), "FREQ=DAILY;INTERVAL=5"),
+    ("Europe/Berlin", datetime(2001, 1, 1, 0, 45), "FREQ=HOURLY;INTERVAL=5;BYHOUR=1,2,3,4"),
+    ("Asia/Seoul", datetime(2026, 1, 1, 3), "FREQ=WEEKLY;COUNT=60;BYDAY=MO"),
+    ("Asia/Seoul", datetime(2001, 1, 1, 3), "FREQ=DAILY;UNTIL=20261120T000000Z"),
+])
+def test_bounded_expansion_gives_exactly_what_dateutil_gives_from_dtstart(node, zone, local_start,
+                                                                          rule):
+    recurrence = build_recurrence(local_start, zone, rule)
+    window = RestartWindow.objects.create(name="w", node=node, recurrence=recurrence,
+                                          time_zone=zone, duration_minutes=30)
+    # Across both daylight-saving changes of 2026 and a leap year's end of February.
+    start, end = utc(2026, 3, 1), utc(2028, 3, 15)
+    direct = rrulestr(recurrence, tzids=ZoneInfo).between(start - timedelta(minutes=30), end,
+                                                          inc=True)
+
+    found = occurrences(window, start, end)
+
+    assert [occ.start for occ in found] == [opened.astimezone(UTC) for opened in direct
+                                            if opened + timedelta(minutes=30) > start
+                                            and opened < end]
+    assert found, "the range should hold openings"
+
+
+def test_the_window_form_shows_why_a_rule_is_refused(node):
+    form = RestartWindowForm(data={
+        "name": "never", "node": node.pk, "local_start": "2026-11-01T03:00",
+        "time_zone": "Asia/Seoul", "rrule": "FREQ=HOURLY;BYMONTH=2;BYMONTHDAY=30",
+        "duration_minutes": 60, "enabled": "on"}, now=utc(2026, 10, 1))
+
+    assert not form.is_valid()
+    assert "never falls in February (at most 29 days)" in form.errors["rrule"][0]

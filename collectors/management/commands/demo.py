@@ -574,7 +574,11 @@ class Command(BaseCommand):
         finally:
             self.say("Stopping the stack, removing the demo containers and the Podman service…")
             self.stop_stack(stack)
-            service.stop()
+            try:
+                service.stop()
+            except DemoError as error:
+                failed = True
+                self.stderr.write(f"demo: {error}")
             self.say("Demo stopped; its data stays in the data directory for the next run.")
         if failed:
             if log_path.exists():
