@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +28,7 @@ import docker.errors
 import requests.exceptions
 
 from collectors.procfs import container_cgroups, process_start_time
+from collectors.redaction import mask_env
 
 ENGINE_LABEL = "sparkops.engine"
 URL_LABEL = "sparkops.url"
@@ -69,6 +71,8 @@ class EngineContainer:
     # The kernel's OOM killer ended it. On GB10 running out usually wedges the host instead, so
     # False proves little; True is worth saying.
     oom_killed: bool = False
+    # Started with a terminal: its logs come as one raw stream, not in stdout/stderr frames.
+    tty: bool = False
 
     @property
     def running(self) -> bool:
@@ -209,15 +213,6 @@ def _cgroup_memory(memory_file: str | None, cgroup_root: Path) -> int | None:
         return None
 
 
-def container_logs(engine: docker.DockerClient, container_id: str, tail: int = 20_000) -> str:
-    """The container's stdout and stderr (last ``tail`` lines), decoded leniently."""
-    try:
-        raw = engine.api.logs(container_id, stdout=True, stderr=True, tail=tail)
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
-        raise ContainerEngineError(f"cannot read logs of {container_id[:12]}: {error}") from None
-    return raw.decode("utf-8", errors="replace")
-
-
 def _engine_container(attrs: dict, memory_usage_bytes: int | None) -> EngineContainer:
     state = attrs.get("State") or {}
     config = attrs.get("Config") or {}
@@ -246,6 +241,7 @@ def _engine_container(attrs: dict, memory_usage_bytes: int | None) -> EngineCont
         published_ports=_published_ports(attrs),
         memory_usage_bytes=memory_usage_bytes if running else None,
         oom_killed=bool(state.get("OOMKilled")),
+        tty=bool(config.get("Tty")),
     )
 
 
@@ -270,13 +266,9 @@ def _memory_usage(engine: docker.DockerClient, container_id: str) -> int | None:
     return int(usage) if usage is not None else None
 
 
-_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
-
-
 def masked_env(env: dict[str, str]) -> dict[str, str]:
-    """The environment with the values of secret-looking names hidden (HF_TOKEN, API keys)."""
-    return {name: ("••••••" if _SECRET_NAME.search(name) else value)
-            for name, value in env.items()}
+    """The environment with secrets hidden (``collectors.redaction.mask_env``)."""
+    return mask_env(env)
 
 
 def parse_docker_time(value: str | None) -> datetime | None:
@@ -392,14 +384,259 @@ def start_container(engine: docker.DockerClient, container_id: str) -> None:
         raise ContainerEngineError(f"cannot start {container_id[:12]}: {error}") from None
 
 
-def container_logs_since(engine: docker.DockerClient, container_id: str, since: datetime,
-                         tail: int = 20_000) -> str:
-    """The container's output written at or after ``since`` (e.g. its latest start), so that
-    lines of an earlier run are not mistaken for the current one. Raises
-    :class:`ContainerEngineError` with the reason."""
+# --- container logs: streamed, capped, continued from a cursor ---------------------------------
+# A log is read as the engine streams it (``timestamps=1``, stdout/stderr frames unless the
+# container has a terminal) and never held whole: a read takes in at most ``max_bytes`` of new
+# output, keeps at most ``max_line_bytes`` of any line (the rest is dropped and the line marked),
+# and stops at ``LOG_READ_DEADLINE_SECONDS``. Its cursor says where the next read continues, so
+# what was read is not read again. Podman stamps entries with whole seconds and splits long lines
+# into 8 KiB entries: the cursor therefore also counts the entries already taken at its
+# timestamp, and the next read, which the engine starts at that second, passes over them (up to
+# ``LOG_SKIP_MAX_BYTES``; past that the read moves on to the next second and says so).
+
+LOG_READ_MAX_BYTES = 4 * 1024 * 1024
+LOG_LINE_MAX_BYTES = 64 * 1024
+LOG_SKIP_MAX_BYTES = 64 * 1024 * 1024
+LOG_READ_DEADLINE_SECONDS = 10.0
+LOG_CHUNK_BYTES = 64 * 1024
+_FRAME_HEADER_BYTES = 8
+_LOG_STAMP = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d{1,9})?(Z|[+-]\d\d:\d\d) ")
+_STAMP_MAX_BYTES = 40
+
+
+def cut_mark(max_line_bytes: int) -> str:
+    """What ends a line that was cut at ``max_line_bytes``."""
+    return f" …[line cut: longer than {max_line_bytes} bytes]"
+
+
+@dataclass(frozen=True)
+class LogCursor:
+    """Where a log read stopped: the stamp of the last entry taken (``seconds``/``nanos`` since
+    the epoch, ``stamp`` as the engine wrote it) and how many entries with that very stamp were
+    taken."""
+
+    stamp: str
+    seconds: int
+    nanos: int
+    taken_at_stamp: int
+
+    def since(self) -> str:
+        """The engine's ``since`` parameter that starts at this cursor's entry."""
+        return f"{self.seconds}.{self.nanos:09d}"
+
+
+@dataclass(frozen=True)
+class LogRead:
+    """One read of a container's log: its complete lines (cut ones marked), the cursor to
+    continue from (None: nothing stamped was read, start where this read started), the new
+    bytes taken in, the already-read bytes passed over, whether the read stopped before the end
+    (cap or deadline: more is waiting), and how many lines were cut."""
+
+    text: str
+    cursor: LogCursor | None
+    bytes_read: int
+    bytes_skipped: int
+    capped: bool
+    lines_cut: int
+
+
+def read_logs(engine: docker.DockerClient, container_id: str, *,
+              cursor: LogCursor | None = None, since: datetime | None = None, tty: bool = False,
+              max_bytes: int = LOG_READ_MAX_BYTES, max_line_bytes: int = LOG_LINE_MAX_BYTES,
+              deadline_seconds: float = LOG_READ_DEADLINE_SECONDS) -> LogRead:
+    """Read the container's stdout and stderr after ``cursor`` (else from ``since``, else from
+    the start), bounded as the section above says. Cost: one streamed logs call; memory bounded
+    by ``max_bytes`` plus one line. Raises :class:`ContainerEngineError` with the reason."""
+    params: dict[str, object] = {"stdout": 1, "stderr": 1, "timestamps": 1, "follow": 0}
+    if cursor is not None:
+        params["since"] = cursor.since()
+    elif since is not None:
+        params["since"] = f"{int(since.timestamp())}.{since.microsecond * 1000:09d}"
+    url = f"{engine.api.base_url}/v{engine.api.api_version}/containers/{container_id}/logs"
     try:
-        raw = engine.api.logs(container_id, stdout=True, stderr=True, tail=tail,
-                              since=since.timestamp())
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        response = engine.api.get(url, params=params, stream=True, timeout=API_TIMEOUT_SECONDS)
+        try:
+            if response.status_code >= 400:
+                reason = response.raw.read(500).decode("utf-8", errors="replace").strip()
+                raise ContainerEngineError(f"cannot read logs of {container_id[:12]}: HTTP "
+                                           f"{response.status_code} {reason}")
+            reader = _LogReader(cursor, max_bytes, max_line_bytes, deadline_seconds)
+            return reader.read(_log_entries(response.raw, tty))
+        finally:
+            response.close()
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError,
+            ValueError) as error:
         raise ContainerEngineError(f"cannot read logs of {container_id[:12]}: {error}") from None
-    return raw.decode("utf-8", errors="replace")
+
+
+def container_logs(engine: docker.DockerClient, container_id: str, *,
+                   since: datetime | None = None, tty: bool = False) -> str:
+    """The container's output (from ``since`` when given) as one capped read, decoded
+    leniently. Raises :class:`ContainerEngineError` with the reason."""
+    return read_logs(engine, container_id, since=since, tty=tty).text
+
+
+def container_logs_since(engine: docker.DockerClient, container_id: str,
+                         since: datetime) -> str:
+    """The container's output written at or after ``since`` (e.g. its latest start), so that
+    lines of an earlier run are not mistaken for the current one; one capped read. Raises
+    :class:`ContainerEngineError` with the reason."""
+    return container_logs(engine, container_id, since=since)
+
+
+def _read_exactly(raw, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = raw.read(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _log_entries(raw, tty: bool):
+    """The log's entries, each as a list-like stream of byte chunks: ``None`` starts an entry,
+    then its chunks follow. Frames of the multiplexed stream are entries; with a terminal, lines
+    are."""
+    if tty:
+        yield from _tty_entries(raw)
+        return
+    while True:
+        header = _read_exactly(raw, _FRAME_HEADER_BYTES)
+        if len(header) < _FRAME_HEADER_BYTES:
+            return
+        left = int.from_bytes(header[4:8], "big")
+        yield None
+        while left > 0:
+            chunk = raw.read(min(left, LOG_CHUNK_BYTES))
+            if not chunk:
+                return
+            left -= len(chunk)
+            yield chunk
+
+
+def _tty_entries(raw):
+    at_start = True
+    while chunk := raw.read(LOG_CHUNK_BYTES):
+        while chunk:
+            if at_start:
+                yield None
+                at_start = False
+            end = chunk.find(b"\n")
+            if end < 0:
+                yield chunk
+                break
+            yield chunk[: end + 1]
+            chunk = chunk[end + 1 :]
+            at_start = True
+
+
+class _LogReader:
+    """Folds a stream of entries into lines, a cursor and counts (see :func:`read_logs`)."""
+
+    def __init__(self, cursor: LogCursor | None, max_bytes: int, max_line_bytes: int,
+                 deadline_seconds: float) -> None:
+        self.after = cursor
+        self.cursor = cursor
+        self.max_bytes, self.max_line_bytes = max_bytes, max_line_bytes
+        self.deadline = time.monotonic() + deadline_seconds
+        self.lines: list[str] = []
+        self.line = bytearray()
+        self.line_length = 0
+        self.read_bytes = self.skipped = self.cut = 0
+        self.passed_at_stamp = 0  # entries at the old cursor's stamp passed over so far
+        self.stopped_in_line = False  # the read stopped inside an entry: its line is cut
+
+    def read(self, entries) -> LogRead:
+        capped = False
+        skipping = False
+        head: bytes | None = b""
+        for chunk in entries:
+            if chunk is None:
+                if head:  # the last entry was shorter than a stamp: take it as it is
+                    self._take(head)
+                if self.read_bytes >= self.max_bytes:
+                    capped = True
+                    break
+                skipping, head = False, b""
+                continue
+            if head is not None:
+                head += chunk
+                if len(head) < _STAMP_MAX_BYTES and b" " not in head:
+                    continue
+                entry, skipping = self._begin_entry(head), False
+                if entry is None:
+                    skipping, entry = True, head
+                chunk, head = entry, None
+            if skipping:
+                self.skipped += len(chunk)
+                if self.skipped > LOG_SKIP_MAX_BYTES:
+                    self._jump_past_stamp()
+                    capped = True
+                    break
+                continue
+            room = self.max_bytes - self.read_bytes
+            self._take(chunk[:room])
+            if len(chunk) > room or time.monotonic() > self.deadline:
+                capped = self.stopped_in_line = True
+                break
+        if head and not capped:
+            self._take(head)
+        self._end_line(final=True)
+        return LogRead(text="\n".join(self.lines), cursor=self.cursor,
+                       bytes_read=self.read_bytes, bytes_skipped=self.skipped, capped=capped,
+                       lines_cut=self.cut)
+
+    def _begin_entry(self, head: bytes) -> bytes | None:
+        """The entry's content after its stamp; None when it was taken by an earlier read."""
+        match = _LOG_STAMP.match(head)
+        if match is None:
+            return head
+        stamp = match.group(0)[:-1].decode()
+        parsed = parse_docker_time(stamp)
+        if parsed is None:
+            return head
+        seconds = int(parsed.replace(microsecond=0).timestamp())
+        nanos = int(((match.group(2) or b".0")[1:] + b"000000000")[:9])
+        if self.after is not None:
+            when, before = (seconds, nanos), (self.after.seconds, self.after.nanos)
+            if when < before:
+                return None
+            if stamp == self.after.stamp and self.passed_at_stamp < self.after.taken_at_stamp:
+                self.passed_at_stamp += 1
+                return None
+        taken = self.cursor.taken_at_stamp + 1 if self.cursor and self.cursor.stamp == stamp else 1
+        self.cursor = LogCursor(stamp=stamp, seconds=seconds, nanos=nanos, taken_at_stamp=taken)
+        return head[match.end():]
+
+    def _jump_past_stamp(self) -> None:
+        after = self.after
+        assert after is not None
+        self.cursor = LogCursor(stamp="", seconds=after.seconds + 1, nanos=0, taken_at_stamp=0)
+        self.lines.append(f"[more than {LOG_SKIP_MAX_BYTES} bytes logged at {after.stamp}: "
+                          "the rest of that second was skipped]")
+
+    def _take(self, data: bytes) -> None:
+        self.read_bytes += len(data)
+        while data:
+            end = data.find(b"\n")
+            piece = data if end < 0 else data[:end]
+            room = self.max_line_bytes - len(self.line)
+            if room > 0:
+                self.line += piece[:room]
+            self.line_length += len(piece)
+            if end < 0:
+                return
+            self._end_line()
+            data = data[end + 1 :]
+
+    def _end_line(self, final: bool = False) -> None:
+        if final and not self.line_length:
+            return
+        text = bytes(self.line).decode("utf-8", errors="replace")
+        if self.line_length > self.max_line_bytes or (final and self.stopped_in_line):
+            text += cut_mark(self.max_line_bytes)
+            self.cut += 1
+        self.lines.append(text)
+        self.line.clear()
+        self.line_length = 0

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -26,26 +27,27 @@ from django.db import transaction
 from collectors.docker_api import (
     ContainerEngineError,
     EngineContainer,
-    container_logs,
+    LogCursor,
     discover_engines,
-    masked_env,
     metrics_base_url,
+    read_logs,
 )
 from collectors.modelconfig import activation_bytes_per_token, read_model_config
 from collectors.models import Engine, EngineMetric, EngineSample, Event, Node
 from collectors.nvml import GpuReport, container_ids_for_pids, processes_by_container
 from collectors.procfs import inode_seen_by_process
+from collectors.redaction import mask_command, mask_env, mask_text
 from collectors.vllm.findings import MountCheck, check_config
 from collectors.vllm.flags import EngineConfig, FlagError, parse_command_line
-from collectors.vllm.logs import StartupLog, parse_startup_log
+from collectors.vllm.logs import StartupLog, StartupLogParser
 from collectors.vllm.metrics import MetricsSnapshot
 from collectors.vllm.rates import Observation, Rates, compute_rates
 from collectors.vllm.scrape import ScrapeError, scrape
 
 log = logging.getLogger(__name__)
 
-# Startup logs are re-read on every collection until the engine is ready (phases move then),
-# and once a minute after that, when they change little and can be large.
+# Startup logs are read on every collection until the engine is ready (phases move then), and
+# once a minute after that; each read continues where the last one stopped.
 LOG_REFRESH = timedelta(seconds=60)
 SCRAPE_DEADLINE_SECONDS = 4.0
 SETTLED_PHASES = {"ready", "failed"}
@@ -82,6 +84,7 @@ def collect_engines(
     if node.engine_discovery_error:
         node.engine_discovery_error = ""
         node.save(update_fields=["engine_discovery_error"])
+    _forget_logs_except({c.id for c in containers})
 
     configs = {c.id: _parse_config(c) for c in containers}
     urls = {c.id: _metrics_url(c, configs[c.id][0]) for c in containers}
@@ -109,8 +112,10 @@ def collect_engines(
 
 
 def _parse_config(container: EngineContainer) -> tuple[EngineConfig | None, str]:
+    """The launch flags, read from the masked command line: what is stored of them (flag
+    values, the reason a command is refused) never holds a secret."""
     try:
-        return parse_command_line(container.command), ""
+        return parse_command_line(mask_command(container.command)), ""
     except FlagError as error:
         return None, str(error)
 
@@ -131,7 +136,8 @@ def _scrape_all(urls: dict[str, str], containers: list[EngineContainer]
             return ScrapeOutcome(snapshot=scrape(f"{url}/metrics",
                                                  deadline=SCRAPE_DEADLINE_SECONDS))
         except ScrapeError as error:
-            return ScrapeOutcome(error=str(error))
+            # The reason may quote the URL, whose credentials (a sparkops.url label) stay here.
+            return ScrapeOutcome(error=mask_text(str(error)))
 
     with ThreadPoolExecutor(max_workers=min(len(urls), 8)) as pool:
         futures = {cid: pool.submit(one, url) for cid, url in urls.items()}
@@ -224,9 +230,10 @@ def _update_engine(
     engine.started_at = container.started_at
     engine.restart_count = container.restart_count
     engine.exit_code = container.exit_code
-    engine.command = container.command
-    engine.labels = container.labels
-    engine.env = masked_env(container.env)
+    # Stored masked only: the flags SparkOps reads come from the masked command too.
+    engine.command = mask_command(container.command)
+    engine.labels = mask_env(container.labels)
+    engine.env = mask_env(container.env)
     engine.model_bytes_per_token = _model_bytes_per_token(container, config, proc_root) \
         or engine.model_bytes_per_token
     engine.config = config.as_dict() if config else {}
@@ -249,23 +256,66 @@ def _update_engine(
     return engine, changed
 
 
+@dataclass
+class _FollowedLog:
+    """A container's log as far as it was read: where the next read continues (``cursor``, or
+    ``since`` before anything stamped was read), the parse so far, and whether output was left
+    waiting by the last read's cap."""
+
+    since: datetime | None
+    cursor: LogCursor | None = None
+    parser: StartupLogParser = field(default_factory=StartupLogParser)
+    more_waiting: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+# Container id -> its log so far, in this worker process (a new process reads each log once more,
+# from the container's latest start). Forgotten when the container is gone.
+_followed: dict[str, _FollowedLog] = {}
+_followed_lock = threading.Lock()
+# How far before the container's recorded start its first read begins: the engine may stamp the
+# first lines before it records the start time.
+_START_SLACK = timedelta(seconds=1)
+
+
+def _forget_logs_except(present: set[str]) -> None:
+    with _followed_lock:
+        for gone in _followed.keys() - present:
+            _followed.pop(gone, None)
+
+
 def _read_startup(api: docker.DockerClient, engine: Engine, container: EngineContainer,
                   fresh: bool, now: datetime) -> StartupLog | None:
-    """Parse the startup log when it can have changed; None when the last parse still holds."""
+    """Parse the new part of the startup log when it can have changed; None when the last parse
+    still holds (or another collection is reading this log now)."""
+    with _followed_lock:
+        followed = _followed.get(container.id)
+        if followed is None:
+            since = container.started_at - _START_SLACK if container.started_at else None
+            followed = _followed[container.id] = _FollowedLog(since=since)
+            fresh = True
     due = (
         fresh
+        or followed.more_waiting
         or engine.phase not in SETTLED_PHASES
         or engine.logs_read_at is None
         or now - engine.logs_read_at >= LOG_REFRESH
         or container.state != engine.container_state
     )
-    if not due:
+    if not due or not followed.lock.acquire(blocking=False):
         return None
     try:
-        return parse_startup_log(container_logs(api, container.id))
+        read = read_logs(api, container.id, cursor=followed.cursor,
+                         since=followed.since, tty=container.tty)
+        followed.parser.feed(read.text)
+        followed.cursor = read.cursor or followed.cursor
+        followed.more_waiting = read.capped
+        return followed.parser.result()
     except ContainerEngineError as error:
         log.warning("%s", error)
         return None
+    finally:
+        followed.lock.release()
 
 
 def _phase(container: EngineContainer, startup: StartupLog | None, previous: str) -> str:

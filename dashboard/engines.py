@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from collectors.models import Engine, EngineMetric, Event, Node
+from collectors.redaction import mask_text
 from dashboard.downsample import break_long_gaps, downsample
 from dashboard.memory import GIB, RANGES, gap_step_seconds
 from dashboard.restarts.models import Restart
@@ -82,6 +83,8 @@ def engine_card(engine: Engine) -> dict:
         "ttft_p95_s": _rounded(rates.get("ttft_p95_s"), 2),
         "restarted": bool(rates.get("restarted")),
         "scrape_error": engine.last_scrape_error,
+        # Kept unmasked on the row (restarts poll it); shown without its credentials.
+        "metrics_url": mask_text(engine.metrics_url),
         "findings": sorted(engine.findings or [],
                            key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 3)),
         "memory_gib": _rounded(engine.memory_usage_bytes / GIB, 2)

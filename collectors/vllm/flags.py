@@ -6,6 +6,8 @@ The parser mirrors how vLLM's own argument parser reads the flags that matter fo
 its sizing advice), ``--no-<switch>`` for boolean switches, and vLLM's human-readable integers. A
 value vLLM would refuse raises :class:`FlagError`; nothing is silently read as 0. Flags the parser
 does not interpret are kept verbatim in ``all_flags`` / ``unknown_flags`` so checks can see them.
+A command whose secrets were masked (``collectors.redaction``) parses to the same settings, with
+the masked values in place of the secret ones.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
+
+from collectors.redaction import mask_command
 
 DEFAULT_PORT = 8000
 
@@ -296,7 +300,8 @@ def _find_invocation(tokens: list[str]) -> tuple[str, list[str]]:
             return "api_server", _until_shell_operator(rest[1:])
     if tokens and tokens[0].startswith("-"):
         return "arguments only", _until_shell_operator(tokens)
-    shown = shlex.join(tokens)[:120] or "(empty)"
+    # The refusal is stored and shown: it must not quote a secret from the command.
+    shown = shlex.join(mask_command(tokens))[:120] or "(empty)"
     raise FlagError(
         "no vLLM launch found (expected `vllm serve MODEL …` or "
         f"`python3 -m {_API_SERVER_MODULE} --model …`): {shown}"

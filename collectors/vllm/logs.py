@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 
+from collectors.redaction import mask_data
+
 PHASES = ("unknown", "loading", "profiling", "kv_allocated", "ready", "failed")
 _RANK = {phase: rank for rank, phase in enumerate(PHASES)}
 _MAX_MESSAGE = 500
@@ -132,22 +134,41 @@ def parse_startup_log(text: str) -> StartupLog:
     Never raises on odd input: a log without any recognised vLLM line gives ``phase="unknown"``.
     Linear in the size of the text.
     """
-    builder = _Startup()
-    startups = 0
-    for raw_line in text.splitlines():
-        if _RUNTIME_CHATTER.search(raw_line):
-            continue
-        line = _parse_line(raw_line)
-        if line is None:
-            continue
-        if builder.starts_new_startup(line.message):
-            builder = _Startup()
-        if builder.feed(line) and not builder.counted:
-            builder.counted = True
-            startups += 1
-    result = builder.result()
-    result.startup_count = startups
-    return result
+    parser = StartupLogParser()
+    parser.feed(text)
+    return parser.result()
+
+
+class StartupLogParser:
+    """:func:`parse_startup_log` for a log read in pieces: feeding the pieces one after the
+    other gives what parsing their concatenation gives, as long as each piece ends at a line's
+    end. The state is the last startup's facts, so it stays small however long the log is."""
+
+    def __init__(self) -> None:
+        self._builder = _Startup()
+        self._startups = 0
+        self.lines_read = 0
+
+    def feed(self, text: str) -> None:
+        """Take in more complete lines of the log. Linear in the size of ``text``."""
+        for raw_line in text.splitlines():
+            self.lines_read += 1
+            if _RUNTIME_CHATTER.search(raw_line):
+                continue
+            line = _parse_line(raw_line)
+            if line is None:
+                continue
+            if self._builder.starts_new_startup(line.message):
+                self._builder = _Startup()
+            if self._builder.feed(line) and not self._builder.counted:
+                self._builder.counted = True
+                self._startups += 1
+
+    def result(self) -> StartupLog:
+        """What the last startup so far said (a copy: feeding more later does not change it)."""
+        result = self._builder.result()
+        result.startup_count = self._startups
+        return result
 
 
 # --- one line -------------------------------------------------------------------------------------
@@ -312,7 +333,7 @@ class _Startup:
         self.rank = max(self.rank, _RANK[phase])
 
     def result(self) -> StartupLog:
-        log = self.log
+        log = StartupLog.from_dict(self.log.as_dict())
         if log.weights_load_seconds is None:
             log.weights_load_seconds = self.loader_seconds
         log.errors = _without_generic_duplicates(list(self.errors.values()))
@@ -362,11 +383,12 @@ def _on_start_markers(startup: _Startup, line: _Line) -> bool:
         startup.markers.add(kind)
         startup.reach("loading")
         if kind == "args":
-            startup.log.non_default_args = parse_python_dict(match.group(1))
+            # vLLM prints every non-default argument, --api-key's value included.
+            startup.log.non_default_args = mask_data(parse_python_dict(match.group(1)))
             continue
         startup.log.version = match.group(1).removeprefix("v")
         if kind == "engine":
-            startup.log.engine_config = _engine_config(match.group(2))
+            startup.log.engine_config = mask_data(_engine_config(match.group(2)))
     return matched
 
 

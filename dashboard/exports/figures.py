@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from collectors.models import Collection, Engine, Metric, Node, Sample
+from collectors.redaction import mask_text
 
 __all__ = [
     "ENGINE_PHASES",
@@ -166,13 +167,14 @@ def age_seconds(at: str | None, now: datetime) -> float | None:
 
 def engine_model(engine: Engine) -> str | None:
     """The model an engine serves, in the overview card's order of preference: the served name,
-    the launch flag, then what its /metrics labels said."""
+    the launch flag, then what its /metrics labels said; a credential in it (a model URL's
+    password) masked."""
     config = engine.config or {}
     snapshot = (engine.metrics or {}).get("snapshot") or {}
     for candidate in (config.get("served_model_name"), config.get("model"),
                       snapshot.get("model_name")):
         if candidate:
-            return str(candidate)
+            return mask_text(str(candidate))
     return None
 
 

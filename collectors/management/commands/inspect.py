@@ -4,7 +4,8 @@
     manage.py inspect metrics FILE|URL|-    one /metrics snapshot
     manage.py inspect flags "<command>"     a launch command's settings and findings (or -)
 
-``--json`` prints one JSON object instead of the readable summary. Unusable input (a missing file,
+``--json`` prints one JSON object instead of the readable summary. Secrets in the input (API
+keys, tokens, passwords in URLs) are masked in everything printed. Unusable input (a missing file,
 empty stdin, a log without any vLLM line, a value vLLM would refuse) exits non-zero with a
 one-line reason.
 """
@@ -20,6 +21,7 @@ from typing import IO, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from collectors.redaction import mask_command, mask_text
 from collectors.vllm.findings import Finding, check_config
 from collectors.vllm.flags import EngineConfig, FlagError, parse_command_line
 from collectors.vllm.logs import StartupLog, parse_startup_log
@@ -143,6 +145,8 @@ def _inspect_flags(sources: list[str], stdin: IO[str]) -> tuple[dict[str, Any], 
     command: str | list[str] = sources[0] if len(sources) == 1 else sources
     if command == _STDIN:
         command = _read_source(_STDIN, stdin)
+    # What is printed comes from the masked command: no secret reaches the terminal or a log.
+    command = mask_text(command) if isinstance(command, str) else mask_command(command)
     try:
         config = parse_command_line(command)
     except FlagError as error:
@@ -237,7 +241,7 @@ def _inspect_metrics(sources: list[str], stdin: IO[str]) -> tuple[dict[str, Any]
         else:
             snapshot = parse_metrics_text(_read_source(source, stdin))
     except (MetricsParseError, ScrapeError) as error:
-        raise CommandError(_single_line(str(error))) from None
+        raise CommandError(mask_text(_single_line(str(error)))) from None
     data = snapshot.as_dict()
     rows = [(key.replace("_", " "), _metric_text(key, value)) for key, value in data.items()]
     return data, _table(rows)
