@@ -1,7 +1,10 @@
 """The Celery application and its beat schedule, kept in code.
 
 Node-local work (collection now, restarts later) goes to the queue ``node.<name>`` that only the
-worker on that node consumes; fleet-wide housekeeping (roll-up, prune) goes to ``sparkops``.
+worker on that node consumes; fleet-wide housekeeping (roll-up, prune, alert evaluation) goes to
+``sparkops``; notification delivery goes to ``notify``, so that waiting on receivers is kept
+apart from collection and evaluation (a fleet can give it a worker of its own; the stack's one
+worker consumes all three, see ``worker_queues``).
 """
 
 from __future__ import annotations
@@ -17,8 +20,20 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
+CENTRAL_QUEUE = "sparkops"
+NOTIFY_QUEUE = "notify"
+# Tasks that do not go to the central queue, by name (beat entries and ``delay()`` alike).
+TASK_QUEUES = {"dashboard.notify.tasks.deliver_notifications": NOTIFY_QUEUE}
+app.conf.task_routes = {task: {"queue": queue} for task, queue in TASK_QUEUES.items()}
+
+
 def node_queue(node_name: str) -> str:
     return f"node.{node_name}"
+
+
+def worker_queues(node_name: str) -> list[str]:
+    """Every queue the worker of ``node_name`` consumes when it does all the work."""
+    return [node_queue(node_name), CENTRAL_QUEUE, NOTIFY_QUEUE]
 
 
 def _entry(task: str, every: float, queue: str, args: tuple = ()) -> dict:
@@ -51,8 +66,8 @@ def beat_schedule(nodes: list[str], collect_interval: float) -> dict[str, dict]:
         for node in nodes
         for name, task in NODE_TASKS
     }
-    schedule.update({name: _entry(task, every, "sparkops") for name, task, every
-                     in CENTRAL_SCHEDULE})
+    schedule.update({name: _entry(task, every, TASK_QUEUES.get(task, CENTRAL_QUEUE))
+                     for name, task, every in CENTRAL_SCHEDULE})
     return schedule
 
 

@@ -42,9 +42,9 @@ def _manage(env: dict[str, str], *args: str) -> str:
 
 def _worker(env: dict[str, str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "sparkops", "worker", "--queues", "sparkops",
-         "--pool", "prefork", "--concurrency", "1", "--without-mingle", "--without-gossip",
-         "--loglevel", "INFO"],
+        [sys.executable, "-m", "celery", "-A", "sparkops", "worker",
+         "--queues", "sparkops,notify", "--pool", "prefork", "--concurrency", "1",
+         "--without-mingle", "--without-gossip", "--loglevel", "INFO"],
         cwd=PROJECT, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT,
         start_new_session=True,
     )

@@ -22,6 +22,13 @@ Notices are returned, not sent: the caller turns each :class:`Notice` into outbo
   not be left believing that for ever; a silence is meant to stop noise, and this ends it.
 * A pending alert in the hysteresis band counts towards ``for_seconds``: "active" means "not
   yet back past the clear edge". An unknown value neither advances nor resets it.
+* A new incident folded into a firing alert is announced with an "updated" notice. An incident
+  is what a rule names as the alert's cause: a restart (``details.restart_id``: a new unplanned
+  restart, or a new failed one, of the same engine) or a neighbour that took memory
+  (``details.causes[].component``). The notice says what is new (``Notice.news``); a cause that
+  the alert already named, at its last evaluation, is not new. Silences mute it like a repeat,
+  and it is only issued once the firing notice went out (before that, the firing notice says
+  it all).
 * ``for_seconds`` is judged with half a second of slack (at most a tenth of it). Evaluations
   follow collections, and those do not tick like a clock: each waits up to the broker's polling
   interval (0.25 s) to start and its evaluation as much again. Without slack a 10 s ``for`` at a
@@ -56,7 +63,7 @@ from dashboard.alerting.models import (
 )
 from dashboard.alerting.settings import EffectiveSetting, UnknownRule, all_rule_settings
 
-NoticeKind = Literal["firing", "resolved", "repeat"]
+NoticeKind = Literal["firing", "resolved", "repeat", "updated"]
 
 # See the module docstring: evaluation jitter, not a shorter ``for``.
 FOR_SLACK_SECONDS = 0.5
@@ -74,6 +81,7 @@ class Notice:
     alert: Alert
     kind: NoticeKind
     sequence: int
+    news: tuple[str, ...] = ()  # "updated": one line per new incident, for people
 
     @property
     def idempotency_key(self) -> str:
@@ -156,6 +164,22 @@ def alert_as_dict(alert: Alert) -> dict[str, Any]:
         "notify_count": alert.notify_count,
         "url": reverse("dashboard:alert", args=[alert.pk]),
     }
+
+
+def incidents(details: dict[str, Any], summary: str = "") -> dict[str, str]:
+    """The incidents an alert's ``details`` name, by a stable key, each with a line for people.
+
+    A restart is one incident (``restart_id``, told by ``summary``); each cause a rule lists
+    (``causes[].component``, told by its ``text``) is one. Cost: none (no query).
+    """
+    found: dict[str, str] = {}
+    restart = details.get("restart_id")
+    if restart is not None:
+        found[f"restart:{restart}"] = summary or f"restart {restart}"
+    for cause in details.get("causes") or []:
+        if isinstance(cause, dict) and cause.get("component"):
+            found[f"cause:{cause['component']}"] = str(cause.get("text") or cause["component"])
+    return found
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -242,6 +266,7 @@ class _Round:
             alert.last_evaluation = "unknown"
             alert.save(update_fields=["last_evaluated_at", "last_evaluation"])
             return None
+        known = incidents(alert.details or {})
         self._refresh(alert, condition)
         if _is_cleared(condition):
             return self._clear(alert, condition)
@@ -251,7 +276,9 @@ class _Round:
                 return self._fire(alert, setting)
             alert.save()
             return None
-        return self._remind(alert, setting)
+        current = incidents(condition.details, condition.summary)
+        news = tuple(text for key, text in current.items() if key not in known)
+        return self._remind(alert, setting, news)
 
     @staticmethod
     def _refresh(alert: Alert, condition: Condition) -> None:
@@ -275,14 +302,19 @@ class _Round:
                                 f"{message}; silenced by {silence}, no notice", None)
         return self._record(alert, AlertState.PENDING, message, "firing")
 
-    def _remind(self, alert: Alert, setting: EffectiveSetting) -> Notice | None:
-        """A still-firing alert: the held-back firing notice once unsilenced, else a repeat."""
+    def _remind(self, alert: Alert, setting: EffectiveSetting,
+                news: tuple[str, ...] = ()) -> Notice | None:
+        """A still-firing alert: the held-back firing notice once unsilenced, an "updated"
+        notice for new incidents, else a repeat when it is due."""
         if self._silence_for(alert) is not None:
             alert.save()
             return None
         if alert.notify_count == 0:
             return self._record(alert, AlertState.FIRING,
                                 "no silence matches any more: firing notice issued now", "firing")
+        if news:
+            return self._record(alert, AlertState.FIRING,
+                                f"new incident: {'; '.join(news)}", "updated", news)
         since = (self.now - alert.last_notified_at).total_seconds() \
             if alert.last_notified_at else None
         if since is not None and since >= setting.repeat_seconds:
@@ -345,13 +377,13 @@ class _Round:
         return None
 
     def _record(self, alert: Alert, from_state: str, message: str,
-                notice_kind: NoticeKind | None) -> Notice | None:
+                notice_kind: NoticeKind | None, news: tuple[str, ...] = ()) -> Notice | None:
         """Save ``alert``, write its AlertEvent and, with a notice, count and hand it over."""
         notice = None
         if notice_kind is not None:
             alert.notify_count += 1
             alert.last_notified_at = self.now
-            notice = Notice(alert, notice_kind, alert.notify_count)
+            notice = Notice(alert, notice_kind, alert.notify_count, news)
         alert.save()
         AlertEvent.objects.create(alert=alert, at=self.now, from_state=from_state,
                                   to_state=alert.state, value=alert.value,

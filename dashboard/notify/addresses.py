@@ -1,4 +1,4 @@
-"""Which addresses a webhook may be sent to: the SSRF policy (RELIABILITY.md finding 8).
+"""Which addresses a webhook may be sent to: the SSRF policy.
 
 A target address is allowed when it is *global unicast*, or when an administrator listed a
 network containing it in ``SPARKOPS_WEBHOOK_ALLOWED_NETWORKS``. Before classifying, addresses
@@ -47,8 +47,15 @@ _NAT64_NETWORKS = (
     ipaddress.IPv6Network("64:ff9b::/96"),
     ipaddress.IPv6Network("64:ff9b:1::/48"),
 )
-# Refused even if a future Python counted them as global: shared address space (CGNAT).
-_ALWAYS_REFUSED = (ipaddress.IPv4Network("100.64.0.0/10"),)
+# Refused whatever a Python version's ``ipaddress`` tables say (3.11 counts all of these as
+# global): shared address space (CGNAT, RFC 6598); IPv6 site-local (RFC 3879 deprecated it, but
+# old routers and hosts still route it inside a site, like a private network); the IPv6
+# documentation prefix 3fff::/20 (RFC 9637, 2024).
+_ALWAYS_REFUSED: tuple[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str], ...] = (
+    (ipaddress.IPv4Network("100.64.0.0/10"), "CGNAT (shared address space)"),
+    (ipaddress.IPv6Network("fec0::/10"), "site-local (deprecated, routed inside a site)"),
+    (ipaddress.IPv6Network("3fff::/20"), "documentation"),
+)
 
 # Name resolution at form-save time must not hang the admin's request.
 _RESOLVE_TIMEOUT = 3.0
@@ -135,13 +142,15 @@ def refused_targets(url: str) -> list[RefusedTarget]:
 
 def _classify(address: IPAddress) -> str | None:
     """None for global unicast; otherwise the first matching kind of special address."""
+    listed = next((reason for network, reason in _ALWAYS_REFUSED
+                   if network.version == address.version and address in network), None)
+    if listed is not None:
+        return listed
     checks = (
         (address.is_unspecified, "unspecified"),
         (address.is_loopback, "loopback"),
         (address.is_multicast, "multicast"),
         (address.is_link_local, "link-local"),
-        (any(address in network for network in _ALWAYS_REFUSED
-             if network.version == address.version), "CGNAT (shared address space)"),
         (address.is_private, "private"),
         (address.is_reserved, "reserved"),
         (not address.is_global, "not globally routable"),

@@ -34,6 +34,12 @@ class Channel(models.Model):
     channel is first saved). ``node`` limits the channel to alerts about that node; None means
     every node. ``disabled_reason`` is set when a permanent failure (webhook HTTP 410) switched
     the channel off; re-enabling clears it.
+
+    Delivery limits, kept by the outbox: ``sending_until`` is the lease of the one send in
+    flight to this channel (None when idle), so a slow receiver holds at most one worker.
+    ``failures_in_a_row`` counts temporary failures since the last success, and
+    ``paused_until`` is the circuit breaker: until then the channel's queued notifications
+    wait instead of each being tried in turn against a receiver that does not answer.
     """
 
     class Kind(models.TextChoices):
@@ -51,9 +57,13 @@ class Channel(models.Model):
     last_error = models.TextField(blank=True)
     last_error_at = models.DateTimeField(null=True, blank=True)
     disabled_reason = models.TextField(blank=True)
+    sending_until = models.DateTimeField(null=True, blank=True, editable=False)
+    failures_in_a_row = models.PositiveIntegerField(default=0, editable=False)
+    paused_until = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["name", "pk"]
+        permissions = [("change_channels", "Can create, edit, enable and disable channels")]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.get_kind_display().lower()})"
@@ -105,6 +115,7 @@ class Notification(models.Model):
         FIRING = "firing", "Firing"
         RESOLVED = "resolved", "Resolved"
         REPEAT = "repeat", "Repeat"
+        UPDATED = "updated", "New incident"
         TEST = "test", "Test"
 
     message_id = models.CharField(max_length=40, unique=True, default=new_message_id,

@@ -4,7 +4,7 @@ Webhook payload — a JSON object, UTF-8, sent as the POST body with Standard We
 signature headers (see ``signing``). Keys may be added later; none will be removed or retyped::
 
     {
-      "type": "alert.firing" | "alert.resolved" | "alert.repeat" | "test",
+      "type": "alert.firing" | "alert.resolved" | "alert.repeat" | "alert.updated" | "test",
       "id": "msg_<32 hex digits>",      # = the webhook-id header, identical on every retry
       "timestamp": "<ISO 8601>",        # when the notification was written, not the attempt
       "alert": {                        # absent when type is "test"
@@ -20,6 +20,7 @@ signature headers (see ``signing``). Keys may be added later; none will be remov
         "fired_at": "<ISO 8601>" | null,
         "resolved_at": "<ISO 8601>" | null
       },
+      "new_incidents": ["<one line>", ...],  # only when type is "alert.updated": what is new
       "channel": {"id": 3, "name": "ops"},   # only when type is "test"
       "url": "<absolute link>"          # the alert's page; for "test", the channels page
     }
@@ -35,6 +36,7 @@ containing markup is shown, never interpreted.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -50,27 +52,34 @@ __all__ = ["ALERT_KINDS", "Message", "build_alert_message", "build_test_message"
 
 Message = tuple[dict[str, Any], str, str, str]  # payload, subject, text, html
 
-ALERT_KINDS = {"firing": "FIRING", "repeat": "STILL FIRING", "resolved": "RESOLVED"}
+ALERT_KINDS = {"firing": "FIRING", "repeat": "STILL FIRING", "resolved": "RESOLVED",
+               "updated": "NEW INCIDENT"}
 _ALERT_FIELDS = ("id", "rule", "state", "severity", "node", "engine", "summary")
 _TIME_FIELDS = ("started_at", "fired_at", "resolved_at")
 _SUBJECT_LIMIT = 200
 
 
-def build_alert_message(alert: dict[str, Any], kind: str) -> Message:
+def build_alert_message(alert: dict[str, Any], kind: str,
+                        news: Sequence[str] = ()) -> Message:
     """Payload, subject, text and HTML for one alert notification.
 
     ``alert`` holds the keys of the payload's ``alert`` object (missing ones become null);
     times may be datetimes or ISO strings. An optional ``url`` key (absolute, or a path joined
-    to ``SPARKOPS_PUBLIC_URL``) links to the alert's page. ``kind`` is firing, repeat or
-    resolved. Cost: two template renders.
+    to ``SPARKOPS_PUBLIC_URL``) links to the alert's page. ``kind`` is firing, repeat, resolved
+    or updated; ``news`` (for updated, required there) says what is new, one line each.
+    Cost: two template renders.
     """
     if kind not in ALERT_KINDS:
         raise ValueError(f"not an alert notification kind: {kind!r}")
+    if (kind == "updated") != bool(news):
+        raise ValueError("an updated notification says what is new, and only it does")
     fields: dict[str, Any] = {name: alert.get(name) for name in _ALERT_FIELDS}
     fields["details"] = _json_ready(alert.get("details") or {})
     fields.update({name: _iso(alert.get(name)) for name in _TIME_FIELDS})
     url = _absolute(alert.get("url") or "/")
-    payload = {"type": f"alert.{kind}", "alert": fields, "url": url}
+    payload: dict[str, Any] = {"type": f"alert.{kind}", "alert": fields, "url": url}
+    if news:
+        payload["new_incidents"] = list(news)
     context = {
         "headline": ALERT_KINDS[kind],
         "kind": kind,
@@ -80,11 +89,13 @@ def build_alert_message(alert: dict[str, Any], kind: str) -> Message:
             ("started_at", "Started"), ("fired_at", "Fired"), ("resolved_at", "Resolved"))
             if fields[name]],
         "details": _detail_rows(fields["details"]),
+        "news": list(news),
         "url": url,
     }
+    told = news[0] if news else fields["summary"] or ""
     subject = _one_line(
         f"[SparkOps] {ALERT_KINDS[kind]} {fields['severity'] or ''}: {fields['rule']} on "
-        f"{_where(fields)} — {fields['summary'] or ''}")
+        f"{_where(fields)} — {told}")
     return (payload, subject, render_to_string("notify/alert_email.txt", context),
             render_to_string("notify/alert_email.html", context))
 

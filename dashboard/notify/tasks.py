@@ -1,15 +1,23 @@
-"""Celery task for the central queue: deliver what the outbox holds.
+"""Celery task for the ``notify`` queue: deliver what the outbox holds.
 
-Schedule it periodically (every 10 s or so, ``expires`` about that interval) and, for low
-latency, also ``delay()`` it on commit after writing notifications. Running it on several
-workers at once is safe: rows are claimed one by one (see ``outbox``).
+Scheduled every 5 s by beat and also ``delay()``-ed on commit after notifications are written,
+for low latency. The task is routed to its own queue (``sparkops.celery.NOTIFY_QUEUE``), so a
+fleet can give delivery a worker of its own; on a worker shared with collection it holds at
+most one pool slot: one delivery run at a time per data directory (a file lock, so it holds for
+thread and process pools alike); a run that finds another one going returns at once, and the
+running one, or the next beat tick, sends what was queued meanwhile. Running it on several
+hosts at once is safe: rows and channels are claimed one by one (see ``outbox``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 
 from celery import shared_task
 from django.conf import settings
@@ -19,28 +27,64 @@ from dashboard.notify.outbox import DeliveryReport, deliver_due, worker_name
 log = logging.getLogger(__name__)
 
 BATCH = 100
-# Bounds for one run, so a long backlog cannot hold a worker past the next beat tick for long:
-# at most this many batches, and no new batch after this many seconds.
+# Bounds for one run, so a long backlog cannot hold a worker's slot for long: at most this many
+# batches, and this many seconds in all, enforced per send (no send outlasts the budget).
 MAX_BATCHES = 20
 TIME_BUDGET = 60.0
+LOCK_NAME = "notify-delivery.lock"
+
+
+@contextmanager
+def _only_run() -> Iterator[bool]:
+    """True while this is the only delivery run of this data directory, else False at once.
+
+    ``flock`` on a file of the data directory: two opens of one file conflict even within one
+    process, so the lock bounds threads and processes alike, and the kernel drops it when a
+    worker dies. The file is created with the process's umask (nothing is written to it).
+    """
+    path = Path(settings.DATA_DIR) / LOCK_NAME
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @shared_task(ignore_result=True)
 def deliver_notifications() -> dict[str, int]:
-    """Deliver due notifications in batches until none is left or a bound is reached."""
+    """Deliver due notifications in batches until none is left or a bound is reached.
+
+    Returns counts; ``busy`` is 1 when another run held the lock and this one did nothing.
+    """
+    with _only_run() as alone:
+        if not alone:
+            return {"delivered": 0, "retrying": 0, "failed": 0, "lost_claims": 0, "busy": 1}
+        total = _deliver_batches()
+    summary = {"delivered": len(total.delivered), "retrying": len(total.retrying),
+               "failed": len(total.failed), "lost_claims": total.lost_claims}
+    if total.retrying or total.failed:
+        log.warning("notifications: %s (deferred %d)", summary, total.deferred)
+    elif total.delivered:
+        log.info("notifications: %s", summary)
+    return summary
+
+
+def _deliver_batches() -> DeliveryReport:
     started = time.monotonic()
     total = DeliveryReport()
     worker = f"celery:{worker_name()}"
     lease = timedelta(seconds=settings.SPARKOPS_NOTIFY_LEASE_SECONDS)
     for _ in range(MAX_BATCHES):
-        report = deliver_due(worker=worker, limit=BATCH, lease=lease)
+        budget = TIME_BUDGET - (time.monotonic() - started)
+        report = deliver_due(worker=worker, limit=BATCH, lease=lease, budget=budget)
         total.merge(report)
-        if report.found < BATCH or time.monotonic() - started > TIME_BUDGET:
+        # Stop when the backlog is read to its end, the budget is spent, or a batch moved
+        # nothing (its rows all wait for busy or paused channels).
+        if report.found < BATCH or report.out_of_budget or report.attempted == 0:
             break
-    summary = {"delivered": len(total.delivered), "retrying": len(total.retrying),
-               "failed": len(total.failed), "lost_claims": total.lost_claims}
-    if total.retrying or total.failed:
-        log.warning("notifications: %s", summary)
-    elif total.delivered:
-        log.info("notifications: %s", summary)
-    return summary
+    return total

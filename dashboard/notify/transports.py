@@ -65,8 +65,12 @@ class TransportError(Exception):
 
 
 class Transport(Protocol):
-    def send(self, notification: Notification) -> None:
-        """Deliver ``notification`` to its channel or raise TransportError."""
+    def send(self, notification: Notification, deadline: float | None = None) -> None:
+        """Deliver ``notification`` to its channel or raise TransportError.
+
+        ``deadline``: seconds the caller can give this send, when that is less than the
+        transport's own limit (None: the transport's own).
+        """
 
 
 # --- email ------------------------------------------------------------------------------------
@@ -75,20 +79,22 @@ class Transport(Protocol):
 class EmailTransport:
     """Sends subject, text and HTML through Django's email backend (SMTP in production).
 
-    The connection is opened per message with ``EMAIL_TIMEOUT``: without a timeout a tarpit SMTP
-    server blocks forever (RELIABILITY.md finding 7). The timeout bounds each socket operation,
-    not the whole conversation, so a server that answers just before each timeout can stretch a
-    send to a few multiples of it; the outbox's claim lease must stay well above that.
+    The connection is opened per message with ``EMAIL_TIMEOUT`` (or the caller's ``deadline``
+    if shorter): without a timeout a tarpit SMTP server blocks forever. The timeout bounds each
+    socket operation, not the whole conversation, so a server that answers just before each
+    timeout can stretch a send to a few multiples of it; the outbox's claim lease must stay
+    well above that.
 
     When some recipients are refused and others accepted, Django reports success and the
     refusals are not visible here; a refusal of *all* recipients is an error.
     """
 
-    def send(self, notification: Notification) -> None:
+    def send(self, notification: Notification, deadline: float | None = None) -> None:
         recipients = notification.channel.recipients
         if not recipients:
             raise TransportError("the channel has no recipient addresses", permanent=True)
-        connection = mail.get_connection(fail_silently=False, timeout=settings.EMAIL_TIMEOUT)
+        timeout = _shorter(settings.EMAIL_TIMEOUT, deadline)
+        connection = mail.get_connection(fail_silently=False, timeout=timeout)
         message = EmailMultiAlternatives(
             subject=" ".join(notification.subject.split()),  # a newline would raise BadHeader
             body=notification.text,
@@ -108,14 +114,14 @@ class EmailTransport:
         except smtplib.SMTPServerDisconnected as error:
             # smtplib reports a read timeout (a tarpit's missing greeting) as a disconnect.
             if isinstance(error.__context__, TimeoutError):
-                raise _smtp_timeout() from None
+                raise _smtp_timeout(timeout) from None
             raise TransportError(f"SMTP server closed the connection: {error}") from None
         except smtplib.SMTPException as error:
             # E.g. STARTTLS or AUTH not offered: a settings problem. Temporary, so that the
             # alerts queued meanwhile go out once an administrator has fixed the settings.
             raise TransportError(f"SMTP error: {type(error).__name__}: {error}") from None
         except TimeoutError:
-            raise _smtp_timeout() from None
+            raise _smtp_timeout(timeout) from None
         except ConnectionRefusedError:
             raise TransportError(f"SMTP connection refused by {_smtp_server()}") from None
         except OSError as error:
@@ -143,9 +149,12 @@ def _smtp_server() -> str:
     return f"{settings.EMAIL_HOST}:{settings.EMAIL_PORT}"
 
 
-def _smtp_timeout() -> TransportError:
-    return TransportError(
-        f"SMTP server {_smtp_server()} did not answer within {settings.EMAIL_TIMEOUT:g} s")
+def _shorter(own: float, deadline: float | None) -> float:
+    return own if deadline is None else min(own, deadline)
+
+
+def _smtp_timeout(timeout: float) -> TransportError:
+    return TransportError(f"SMTP server {_smtp_server()} did not answer within {timeout:g} s")
 
 
 def _reply_text(reply: bytes | str) -> str:
@@ -189,14 +198,14 @@ class WebhookTransport:
     connecting, sending and reading the answer; the response body is capped at
     ``max_response_bytes`` and otherwise ignored; redirects are never followed; every resolved
     address is checked against the SSRF policy before connecting. Cost: one new connection per
-    attempt, at most ``deadline`` seconds.
+    attempt, at most ``deadline`` seconds (or the caller's shorter one).
     """
 
     def __init__(self, deadline: float = 10.0, max_response_bytes: int = 64 * 1024) -> None:
         self.deadline = deadline
         self.max_response_bytes = max_response_bytes
 
-    def send(self, notification: Notification) -> None:
+    def send(self, notification: Notification, deadline: float | None = None) -> None:
         channel = notification.channel
         if not channel.url or not channel.secret:
             raise TransportError("the channel has no URL or no secret", permanent=True)
@@ -213,7 +222,7 @@ class WebhookTransport:
                 method="POST",
                 body=body,
                 headers=headers,
-                deadline=self.deadline,
+                deadline=_shorter(self.deadline, deadline),
                 max_bytes=self.max_response_bytes,
                 accept_status=range(200, 300),
                 allow_address=_recording_policy(refusals),

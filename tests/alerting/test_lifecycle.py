@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -399,3 +400,64 @@ def test_alert_as_dict_is_json_ready(node):
     }
     assert {"id", "severity", "summary", "details", "started_at"} <= data.keys()
     assert data["url"] == f"/alerts/{data['id']}/"
+
+
+# --- new incidents folded into a firing alert -------------------------------------------------
+
+
+def restarted(node, engine, restart_id: int):
+    """An "unplanned-restart" condition naming restart ``restart_id`` of ``engine``."""
+    return replace(engine_rule(node, engine, "unplanned-restart", 1.0), threshold=0.5,
+                   clear=0.5, severity="critical",
+                   summary=f"{engine.name}: unplanned restart {restart_id}",
+                   details={"restart_id": restart_id})
+
+
+def squeezed(node, engine, *components: str):
+    """A "prefill-squeeze" condition (firing: 1 below 2) whose causes are ``components``."""
+    causes = [{"component": c, "text": f"{c} went 8 → 24 GiB"} for c in components]
+    return replace(engine_rule(node, engine, "prefill-squeeze", 1.0), threshold=2.0, clear=2.5,
+                   direction="below", severity="critical", details={"causes": causes})
+
+
+def test_a_new_restart_folded_into_a_firing_alert_is_announced_once(node):
+    engine = make_engine(node, "vllm-a")
+    first = evaluate(node, [restarted(node, engine, 1)], at(0))
+    same = evaluate(node, [restarted(node, engine, 1)], at(5))
+    again = evaluate(node, [restarted(node, engine, 2)], at(10))
+    after = evaluate(node, [restarted(node, engine, 2)], at(15))
+
+    assert (kinds(first), kinds(same), kinds(again), kinds(after)) == \
+        (["firing"], [], ["updated"], [])
+    (notice,) = again
+    assert notice.news == ("vllm-a: unplanned restart 2",)
+    assert notice.idempotency_key != first[0].idempotency_key
+    alert = Alert.objects.get()
+    assert (alert.state, alert.notify_count) == ("firing", 2)
+    assert AlertEvent.objects.filter(notice="updated").get().message == \
+        "new incident: vllm-a: unplanned restart 2"
+
+
+def test_a_new_neighbour_named_as_cause_is_announced_a_known_one_is_not(node):
+    engine = make_engine(node, "vllm-a")
+    evaluate(node, [squeezed(node, engine, "engine:vllm-b")], at(0))
+    evaluate(node, [squeezed(node, engine, "engine:vllm-b")], at(300))  # for 300 s: fires
+
+    grew = evaluate(node, [squeezed(node, engine, "engine:vllm-b", "engine:vllm-c")], at(305))
+    reordered = evaluate(node, [squeezed(node, engine, "engine:vllm-c", "engine:vllm-b")],
+                         at(310))
+
+    assert kinds(grew) == ["updated"] and grew[0].news == ("engine:vllm-c went 8 → 24 GiB",)
+    assert kinds(reordered) == []
+
+
+def test_a_new_incident_while_silenced_or_before_the_firing_notice_sends_nothing_new(node):
+    engine = make_engine(node, "vllm-a")
+    silence(node, rule="unplanned-restart", end=60)
+    muted = [kinds(evaluate(node, [restarted(node, engine, n)], at(n))) for n in (1, 2)]
+    unmuted = evaluate(node, [restarted(node, engine, 3)], at(61))
+
+    assert muted == [[], []]
+    # The held-back firing notice goes out and already tells the latest restart.
+    assert kinds(unmuted) == ["firing"]
+    assert Alert.objects.get().summary == "vllm-a: unplanned restart 3"

@@ -20,7 +20,7 @@ class AppendingTransport:
         self.path = path
         self.worker = worker
 
-    def send(self, notification: object) -> None:
+    def send(self, notification: object, deadline: float | None = None) -> None:
         line = f"{notification.message_id} {self.worker}\n".encode()  # type: ignore[attr-defined]
         descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -38,11 +38,14 @@ def main(argv: list[str]) -> None:
     from dashboard.notify.transports import TRANSPORTS
 
     if argv[0] == "seed":
-        channel = Channel.objects.create(name="race", kind="webhook",
-                                         config={"url": "https://hooks.example/race"})
-        for _ in range(int(argv[1])):
+        # Several channels: each takes one send at a time, so workers race across channels
+        # for the channel claims and, within one, for the same rows.
+        channels = [Channel.objects.create(name=f"race-{n}", kind="webhook",
+                                           config={"url": f"https://hooks.example/race{n}"})
+                    for n in range(int(argv[2]))]
+        for index in range(int(argv[1])):
             outbox.enqueue(kind="firing", payload={}, subject="s", text="t", html="",
-                           channels=[channel])
+                           channels=[channels[index % len(channels)]])
         return
     worker, log, start = argv[1], argv[2], float(argv[3])
     TRANSPORTS["webhook"] = AppendingTransport(log, worker)

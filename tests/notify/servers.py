@@ -56,13 +56,19 @@ class WebhookReceiver:
     """Records POSTs on ``host``:<ephemeral port>; answers ``script`` in order, then 200.
 
     ``secret`` (settable after the channel exists) is used to verify each request as it
-    arrives, exactly as a receiver would.
+    arrives, exactly as a receiver would. :meth:`hold` makes it accept and sleep: every request
+    from then on is read and never answered (its connection is closed at :meth:`release`);
+    requests after ``release`` are answered again. ``answered`` lists the ``webhook-id`` of
+    every request answered 2xx, in order.
     """
 
     def __init__(self, host: str = "127.0.0.1", script: Iterable[Reply] = ()) -> None:
         self.secret: str | None = None
         self.script: deque[Reply] = deque(script)
         self.requests: list[Received] = []
+        self.answered: list[str] = []
+        self._released = threading.Event()
+        self._released.set()
         self._stop = threading.Event()
         self._server = ThreadingHTTPServer((host, 0), self._handler_class())
         self._server.daemon_threads = True
@@ -76,6 +82,12 @@ class WebhookReceiver:
 
     def reply(self, *replies: Reply) -> None:
         self.script.extend(replies)
+
+    def hold(self) -> None:
+        self._released.clear()
+
+    def release(self) -> None:
+        self._released.set()
 
     def __enter__(self) -> WebhookReceiver:
         self._thread.start()
@@ -105,6 +117,11 @@ class WebhookReceiver:
                 headers = {name.lower(): value for name, value in self.headers.items()}
                 receiver.requests.append(
                     Received(self.path, headers, body, receiver._verify(body, headers)))
+                if not receiver._released.is_set():
+                    while not (receiver._released.wait(0.1) or receiver._stop.is_set()):
+                        pass
+                    self.close_connection = True
+                    return
                 reply = receiver.script.popleft() if receiver.script else Reply()
                 if reply.hang:
                     receiver._stop.wait(10)
@@ -116,6 +133,8 @@ class WebhookReceiver:
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"ok")
+                if 200 <= reply.status < 300:
+                    receiver.answered.append(headers.get("webhook-id", ""))
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
                 pass

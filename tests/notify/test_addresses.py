@@ -1,4 +1,4 @@
-"""The webhook address policy (RELIABILITY.md finding 8): global unicast unless allowlisted."""
+"""The webhook address policy: global unicast unless allowlisted."""
 
 from __future__ import annotations
 
@@ -42,6 +42,18 @@ def _no_allowlist(settings):
     ("240.0.0.1", "private"),
     ("198.18.0.1", "private"),
     ("2001:db8::1", "private"),
+    # IPv6 special ranges that Python 3.11 counts as global, or that only its tables catch.
+    ("fec0::1", "site-local (deprecated"),
+    ("feff:ffff::1", "site-local (deprecated"),  # the top of fec0::/10
+    ("3fff::1", "documentation"),
+    ("3fff:fff::1", "documentation"),
+    ("::a00:1", "reserved"),  # IPv4-compatible (deprecated), not unwrapped
+    ("::ffff:0:a00:1", "reserved"),  # IPv4-translated
+    ("5f00::1", "reserved"),  # SRv6 SIDs
+    ("100::1", "private"),  # discard-only
+    ("2001::1", "private"),  # Teredo
+    ("2001:20::1", "private"),  # ORCHIDv2
+    ("fe00::1", "reserved"),
 ])
 def test_special_addresses_are_refused_with_a_reason(address, reason):
     parsed = ipaddress.ip_address(address)

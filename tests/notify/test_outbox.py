@@ -29,7 +29,7 @@ class RecordingTransport:
         self.pause = pause
         self._lock = threading.Lock()
 
-    def send(self, notification: Notification) -> None:
+    def send(self, notification: Notification, deadline: float | None = None) -> None:
         with self._lock:
             self.sent.append(notification.message_id)
         if self.pause:
@@ -113,21 +113,25 @@ def test_a_worker_never_sends_a_row_another_worker_handled_after_both_read_it(
     errors = [TransportError("HTTP 503")] if b_outcome == "fails and releases" else []
     transport = fake(errors=errors)
     row = enqueue_alert(make_webhook("https://hooks.example/x"))
-    real_claim = outbox._claim
+    real_claim = outbox._claim_channel
     raced: list[bool] = []
 
-    def claim_after_b_ran(snapshot: Any, at: Any, worker: str) -> bool:
-        if worker == "a" and not raced:
+    def claim_after_b_ran(snapshot: Any, at: Any, lease_end: Any) -> bool:
+        if not raced:
             raced.append(True)
             # b reads the same row, claims, sends and records, all before a claims.
             outbox.deliver_due(now=T0, worker="b", backoff=[0])
-        return real_claim(snapshot, at, worker)
+        return real_claim(snapshot, at, lease_end)
 
-    monkeypatch.setattr(outbox, "_claim", claim_after_b_ran)
+    monkeypatch.setattr(outbox, "_claim_channel", claim_after_b_ran)
     report_a = outbox.deliver_due(now=T0, worker="a", backoff=[0])
 
-    assert report_a.found == 1 and report_a.lost_claims == 1 and report_a.attempted == 0
+    assert report_a.found == 1 and report_a.attempted == 0
+    # After b's success a finds the row changed; after b's failure the channel is paused.
+    assert (report_a.lost_claims, report_a.deferred) == \
+        ((1, 0) if b_outcome == "delivers" else (0, 1))
     assert transport.sent == [row.message_id]
+    assert Channel.objects.get().sending_until is None  # nobody holds the channel any more
 
 
 def test_a_row_being_sent_is_not_picked_up_by_a_concurrent_run(fake, make_webhook):

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow
 
 ROWS = 60
 WORKERS = 4
+CHANNELS = 6
 
 
 def test_worker_processes_send_every_row_exactly_once(postgres_url, tmp_path):
@@ -37,7 +38,7 @@ def test_worker_processes_send_every_row_exactly_once(postgres_url, tmp_path):
     # The dashboard app has no migrations yet: sync it after the apps it refers to exist.
     run("manage.py", "migrate", "-v", "0")
     run("manage.py", "migrate", "--run-syncdb", "-v", "0")
-    run("-m", "tests.notify.race_worker", "seed", str(ROWS))
+    run("-m", "tests.notify.race_worker", "seed", str(ROWS), str(CHANNELS))
     log = tmp_path / "sent.log"
     start = time.time() + 2.0  # every worker has imported Django by then
     workers = [
