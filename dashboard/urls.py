@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard import views
+from dashboard import security_views, views
 from dashboard.alerting import urls as alerting_urls
 from dashboard.exports import urls as exports_urls
 from dashboard.notify import urls as notify_urls
@@ -19,6 +19,9 @@ urlpatterns = [
     path("api/nodes/<slug:node>/headroom.json", views.headroom_json, name="headroom-json"),
     path("api/nodes/<slug:node>/memory.json", views.memory_json, name="memory-json"),
     path("api/nodes/<slug:node>/timeline.json", views.timeline_json, name="timeline-json"),
+    path("audit/", security_views.audit_log, name="audit"),
+    path("logins/", security_views.login_lockouts, name="logins"),
+    path("logins/unlock/", security_views.login_unlock, name="login-unlock"),
 ]
 
 # Alerting and notification pages share this app's namespace ("dashboard:<name>").

@@ -24,7 +24,12 @@ from dashboard.alerting.settings import (
     RuleDefaults,
     timing_problem,
 )
-from dashboard.alerting.silences import create_silence
+from dashboard.alerting.silences import (
+    alerts_it_would_mute,
+    broad_reasons,
+    create_silence,
+    length_problem,
+)
 
 DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
 
@@ -35,7 +40,13 @@ class EngineChoiceField(forms.ModelChoiceField):
 
 
 class SilenceForm(forms.Form):
-    """A silence starting now. Empty node, rule or engine means "any"."""
+    """A silence starting now. Empty node, rule or engine means "any".
+
+    Longer than ``SPARKOPS_SILENCE_MAX_DAYS`` is refused. A broad one (every rule on every node,
+    or longer than a day) is refused until ``confirm_broad`` is ticked: the first submission
+    sets ``broad`` (the reasons) and ``would_mute`` (the open alerts it would mute) for the page
+    to show, and saves nothing.
+    """
 
     node = forms.ModelChoiceField(Node.objects.all(), required=False, empty_label="any node")
     rule = forms.ChoiceField(required=False, choices=[("", "any rule")] + [
@@ -50,15 +61,21 @@ class SilenceForm(forms.Form):
     )
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), max_length=2000,
                              help_text="Why these alerts may stay quiet (kept as history).")
+    confirm_broad = forms.BooleanField(required=False, label="Yes, mute all of this")
 
     def __init__(self, *args: Any, now: datetime, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.now = now
+        self.broad: list[str] = []
+        self.would_mute: list[Any] = []
 
     def clean_ends_at(self) -> datetime:
         ends_at = self.cleaned_data["ends_at"]
         if ends_at <= self.now:
             raise forms.ValidationError("The end must be in the future.")
+        problem = length_problem(self.now, ends_at)
+        if problem:
+            raise forms.ValidationError(f"{problem[0].upper()}{problem[1:]}.")
         return ends_at
 
     def clean(self) -> dict[str, Any]:
@@ -66,7 +83,21 @@ class SilenceForm(forms.Form):
         node, engine = cleaned.get("node"), cleaned.get("engine")
         if node is not None and engine is not None and engine.node_id != node.pk:
             self.add_error("engine", f"Engine {engine.name} is not on node {node.name}.")
+        if self.errors or "ends_at" not in cleaned:
+            return cleaned
+        matchers = {"node": node, "rule": cleaned.get("rule", ""), "engine": engine}
+        self.broad = broad_reasons(**matchers, length=cleaned["ends_at"] - self.now)
+        if self.broad and not cleaned.get("confirm_broad"):
+            self.would_mute = alerts_it_would_mute(**matchers)
+            self.add_error("confirm_broad", "This silence is broad ("
+                           + "; ".join(self.broad) + "): check what it would mute, then tick "
+                           "\"Yes, mute all of this\" and submit again.")
         return cleaned
+
+    @property
+    def needs_confirmation(self) -> bool:
+        """Whether the page should show the broad-silence confirmation."""
+        return bool(self.broad) and "confirm_broad" in self.errors
 
     def save(self, user: AbstractBaseUser | None) -> Silence:
         data = self.cleaned_data

@@ -166,6 +166,7 @@ class Silence(models.Model):
     class Meta:
         indexes = [models.Index(fields=["ends_at"], name="silence_ends_at")]
         ordering = ["-ends_at", "-id"]
+        permissions = [("change_silences", "Can create and expire silences")]
 
     def __str__(self) -> str:
         return f"silence #{self.pk} of {self.matcher_text}"
@@ -203,6 +204,9 @@ class RuleSetting(models.Model):
     updated_at = models.DateTimeField(null=True, blank=True)
     updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                    on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        permissions = [("change_rules", "Can change alert rule settings")]
 
     def __str__(self) -> str:
         return f"settings of {self.rule}"

@@ -1,25 +1,25 @@
 """Pages for alerts, silences and rule settings: thin adapters over the alerting modules.
 
-Everyone logged in can read them. Changing anything (creating or expiring a silence, editing a
-rule) needs ``user.is_staff``; anyone else gets 403. Changes are POST with CSRF.
+Everyone logged in can read them. Creating or expiring a silence needs
+``dashboard.change_silences``, editing a rule ``dashboard.change_rules`` (see
+``dashboard.access``); anyone else gets 403 and, for a POST, an audit row "refused". Changes are
+POST with CSRF and each one writes an audit row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime, timedelta
-from functools import wraps
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from collectors.models import Node
+from dashboard.access import CHANGE_RULES, CHANGE_SILENCES, guarded
 from dashboard.alerting.forms import RuleSettingForm, SilenceForm
 from dashboard.alerting.models import Alert, AlertState, RuleSetting, Silence
 from dashboard.alerting.settings import RULES, all_rule_settings
@@ -30,25 +30,14 @@ from dashboard.alerting.silences import (
     silences_muting,
     upcoming_silences,
 )
+from dashboard.restarts.audit import audit
 
 # How many resolved alerts and expired silences the pages show; older ones stay in the DB.
 HISTORY_LIMIT = 100
 DEFAULT_SILENCE_HOURS = 2
-
-View = Callable[..., HttpResponse]
-
-
-def staff_required(view: View) -> View:
-    """Login first (redirect), then staff only (403 for everyone else)."""
-
-    @login_required
-    @wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not request.user.is_staff:
-            raise PermissionDenied("Only staff can change alerting settings.")
-        return view(request, *args, **kwargs)
-
-    return wrapper
+CREATE_SILENCE_ACTION = "create-silence"
+EXPIRE_SILENCE_ACTION = "expire-silence"
+EDIT_RULE_ACTION = "edit-rule"
 
 
 @login_required
@@ -92,13 +81,19 @@ def silences(request: HttpRequest) -> HttpResponse:
         "upcoming": upcoming_silences(now),
         "expired": expired_silences(now)[:HISTORY_LIMIT],
         "history_limit": HISTORY_LIMIT,
-        "form": _new_silence_form(request, now) if request.user.is_staff else None,
+        "form": _new_silence_form(request, now) if CHANGE_SILENCES.held_by(request.user)
+        else None,
+        "can_change": CHANGE_SILENCES.held_by(request.user),
+        "permission": CHANGE_SILENCES,
     })
 
 
-@staff_required
+@guarded(CHANGE_SILENCES, CREATE_SILENCE_ACTION)
 def silence_new(request: HttpRequest) -> HttpResponse:
-    """GET: the form (prefilled from ``?node=&rule=&engine=``); POST: create, back to the list."""
+    """GET: the form (prefilled from ``?node=&rule=&engine=``); POST: create, back to the list.
+
+    A broad silence comes back with what it would mute and a confirmation box (nothing saved).
+    """
     now = timezone.now()
     if request.method != "POST":
         return render(request, "alerting/silence_form.html",
@@ -107,16 +102,29 @@ def silence_new(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return render(request, "alerting/silence_form.html", {"form": form}, status=400)
     silence = form.save(request.user)
+    audit(CREATE_SILENCE_ACTION, allowed=True, user=request.user, node=silence.node,
+          engine=silence.engine,
+          outcome=f"silence #{silence.pk} of {silence.matcher_text} until "
+                  f"{timezone.localtime(silence.ends_at):%Y-%m-%d %H:%M}",
+          details={"silence": silence.pk, "rule": silence.rule, "reason": silence.reason,
+                   "starts_at": silence.starts_at.isoformat(),
+                   "ends_at": silence.ends_at.isoformat(), "broad": form.broad})
     messages.success(request, f"Silence #{silence.pk} of {silence.matcher_text} is active "
                               f"until {timezone.localtime(silence.ends_at):%Y-%m-%d %H:%M}.")
     return redirect("dashboard:silences")
 
 
 @require_POST
-@staff_required
+@guarded(CHANGE_SILENCES, EXPIRE_SILENCE_ACTION)
 def silence_expire(request: HttpRequest, pk: int) -> HttpResponse:
     silence = get_object_or_404(Silence, pk=pk)
-    if expire_silence(silence, timezone.now(), by=request.user):
+    expired = expire_silence(silence, timezone.now(), by=request.user)
+    audit(EXPIRE_SILENCE_ACTION, allowed=True, user=request.user, node=silence.node,
+          engine=silence.engine,
+          outcome=f"silence #{silence.pk} of {silence.matcher_text} "
+                  + ("expired" if expired else "had already ended"),
+          details={"silence": silence.pk, "changed": expired})
+    if expired:
         messages.success(request, f"Silence #{silence.pk} expired.")
     else:
         messages.info(request, f"Silence #{silence.pk} had already ended.")
@@ -126,10 +134,12 @@ def silence_expire(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 def rules(request: HttpRequest) -> HttpResponse:
     """Each rule's documentation and the settings in force, with what an admin changed."""
-    return render(request, "alerting/rules.html", {"settings": all_rule_settings().values()})
+    return render(request, "alerting/rules.html", {"settings": all_rule_settings().values(),
+                                                   "can_change": CHANGE_RULES.held_by(
+                                                       request.user)})
 
 
-@staff_required
+@guarded(CHANGE_RULES, EDIT_RULE_ACTION)
 def rule_edit(request: HttpRequest, rule: str) -> HttpResponse:
     defaults = RULES.get(rule)
     if defaults is None:
@@ -142,7 +152,15 @@ def rule_edit(request: HttpRequest, rule: str) -> HttpResponse:
     if not form.is_valid():
         return render(request, "alerting/rule_edit.html", {"form": form, "rule": defaults},
                       status=400)
-    form.save(request.user, timezone.now())
+    before = _rule_values(stored)
+    saved = form.save(request.user, timezone.now())
+    after = _rule_values(saved)
+    changed = {key: {"from": before[key], "to": after[key]}
+               for key in after if before[key] != after[key]}
+    audit(EDIT_RULE_ACTION, allowed=True, user=request.user,
+          outcome=f"rule {rule}: " + (", ".join(changed) + " changed" if changed
+                                      else "saved unchanged"),
+          details={"rule": rule, "changed": changed})
     messages.success(request, f"Settings of {defaults.title} saved; they apply from the next "
                               "evaluation.")
     return redirect("dashboard:rules")
@@ -155,3 +173,11 @@ def _new_silence_form(request: HttpRequest, now: datetime) -> SilenceForm:
         if request.GET.get(key):
             initial[key] = request.GET[key]
     return SilenceForm(initial=initial, now=now)
+
+
+def _rule_values(setting: RuleSetting | None) -> dict[str, Any]:
+    """What an audit row compares for a rule: the stored overrides (None: the default)."""
+    if setting is None:
+        return {"enabled": True, "for_seconds": None, "repeat_seconds": None, "thresholds": {}}
+    return {"enabled": setting.enabled, "for_seconds": setting.for_seconds,
+            "repeat_seconds": setting.repeat_seconds, "thresholds": dict(setting.thresholds)}

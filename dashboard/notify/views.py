@@ -1,30 +1,33 @@
-"""Channel pages: list (any signed-in user), create, edit, enable/disable and send a test (staff).
+"""Channel pages: list (any signed-in user), create, edit, enable/disable and send a test.
 
-Views are thin: the form validates, ``outbox`` enqueues and delivers. Changing anything needs
-``user.is_staff`` (403 otherwise) and a POST with a CSRF token.
+Views are thin: the form validates, ``outbox`` enqueues and delivers. Creating, editing,
+enabling and disabling a channel needs ``dashboard.change_channels`` (403 otherwise, and an
+audit row "refused" for a POST) and a POST with a CSRF token; each change writes an audit row
+that names the channel and what changed, never its secret or the webhook URL's path and query.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from dashboard.access import CHANGE_CHANNELS, guarded
 from dashboard.notify import outbox
 from dashboard.notify.forms import ChannelForm
 from dashboard.notify.models import Channel, Notification
-from dashboard.notify.payloads import build_test_message
+from dashboard.restarts.audit import audit
 
 RECENT_PER_CHANNEL = 5
-
-
-def _require_staff(request: HttpRequest) -> None:
-    if not request.user.is_staff:
-        raise PermissionDenied("Changing notification channels needs a staff account.")
+CREATE_CHANNEL_ACTION = "create-channel"
+EDIT_CHANNEL_ACTION = "edit-channel"
+TOGGLE_CHANNEL_ACTION = "toggle-channel"
+TEST_CHANNEL_ACTION = "test-channel"
 
 
 @login_required
@@ -35,29 +38,58 @@ def channels(request: HttpRequest) -> HttpResponse:
         Prefetch("notifications", queryset=recent, to_attr="recent"))
     return render(request, "notify/channels.html", {
         "channels": listed,
-        "can_edit": request.user.is_staff,
+        "can_edit": CHANGE_CHANNELS.held_by(request.user),
     })
 
 
-@login_required
+@guarded(CHANGE_CHANNELS, CREATE_CHANNEL_ACTION)
 def channel_new(request: HttpRequest) -> HttpResponse:
-    _require_staff(request)
     form = ChannelForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         channel = form.save()
+        _audit_channel(request, CREATE_CHANNEL_ACTION, channel, None, form.new_secret)
         return _saved(request, channel, form.new_secret)
     return render(request, "notify/channel_form.html", {"form": form, "channel": None})
 
 
-@login_required
+@guarded(CHANGE_CHANNELS, EDIT_CHANNEL_ACTION)
 def channel_edit(request: HttpRequest, pk: int) -> HttpResponse:
-    _require_staff(request)
     channel = get_object_or_404(Channel, pk=pk)
+    # Read before the form binds: validating a ModelForm writes into its instance.
+    before = (channel_summary(channel), channel.url)
     form = ChannelForm(request.POST or None, instance=channel)
     if request.method == "POST" and form.is_valid():
         channel = form.save()
+        _audit_channel(request, EDIT_CHANNEL_ACTION, channel, before, form.new_secret)
         return _saved(request, channel, form.new_secret)
     return render(request, "notify/channel_form.html", {"form": form, "channel": channel})
+
+
+def channel_summary(channel: Channel) -> dict[str, Any]:
+    """What an audit row may say about a channel: never its secret, and of a webhook URL only
+    the origin (its path and query often hold a token)."""
+    return {"name": channel.name, "kind": channel.kind, "enabled": channel.enabled,
+            "node": channel.node.name if channel.node_id else None, "target": channel.target}
+
+
+def _audit_channel(request: HttpRequest, action: str, channel: Channel,
+                   before: tuple[dict[str, Any], str] | None, new_secret: str | None) -> None:
+    """One audit row for a saved channel: what it is now and, for an edit, what changed."""
+    after = channel_summary(channel)
+    details: dict[str, Any] = {"channel": channel.pk, **after,
+                               "secret_generated": new_secret is not None}
+    outcome = f"channel {channel.name} ({channel.kind}) → {channel.target}"
+    if before is not None:
+        old, old_url = before
+        changed = {key: {"from": old[key], "to": value} for key, value in after.items()
+                   if old[key] != value}
+        details["changed"] = changed
+        if channel.kind == Channel.Kind.WEBHOOK:
+            details["url_changed"] = old_url != channel.url
+        names = [*changed, *(["url"] if details.get("url_changed") else [])]
+        outcome += f"; changed: {', '.join(dict.fromkeys(names))}" if names else "; unchanged"
+    audit(action, allowed=True, user=request.user, node=channel.node, outcome=outcome,
+          details=details)
 
 
 def _saved(request: HttpRequest, channel: Channel, secret: str | None) -> HttpResponse:
@@ -69,39 +101,37 @@ def _saved(request: HttpRequest, channel: Channel, secret: str | None) -> HttpRe
     return render(request, "notify/channel_secret.html", {"channel": channel, "secret": secret})
 
 
-@login_required
 @require_POST
+@guarded(CHANGE_CHANNELS, TOGGLE_CHANNEL_ACTION)
 def channel_toggle(request: HttpRequest, pk: int) -> HttpResponse:
     """Enable (POST enabled=1) or disable (enabled=0) a channel; enabling clears the reason."""
-    _require_staff(request)
     channel = get_object_or_404(Channel, pk=pk)
     enable = request.POST.get("enabled") == "1"
     changes = {"enabled": enable}
     if enable:
         changes["disabled_reason"] = ""
     Channel.objects.filter(pk=channel.pk).update(**changes)
+    audit(TOGGLE_CHANNEL_ACTION, allowed=True, user=request.user, node=channel.node,
+          outcome=f"channel {channel.name} {'enabled' if enable else 'disabled'}",
+          details={"channel": channel.pk, "changed": {"enabled": {"from": channel.enabled,
+                                                                  "to": enable}}})
     messages.success(request, f"{'Enabled' if enable else 'Disabled'} channel {channel.name}.")
     return redirect("dashboard:channels")
 
 
-@login_required
 @require_POST
+@guarded(CHANGE_CHANNELS, TEST_CHANNEL_ACTION)
 def channel_test(request: HttpRequest, pk: int) -> HttpResponse:
-    """Enqueue a test notification for this channel and deliver it within this request.
+    """Send a test notification to this channel within this request, in a few seconds at most.
 
-    Blocks for up to one transport deadline (webhook 10 s, SMTP a few ``EMAIL_TIMEOUT``s).
+    ``outbox.send_test`` bounds it: ``outbox.TEST_DEADLINE`` seconds in all, a few tests at once
+    per web process, one send in flight per channel; anything beyond is refused with a reason.
     A test is not retried: the admin sees the error now and can try again.
     """
-    _require_staff(request)
     channel = get_object_or_404(Channel, pk=pk)
-    payload, subject, text, html = build_test_message(channel)
-    (row,) = outbox.enqueue(kind=Notification.Kind.TEST, payload=payload, subject=subject,
-                            text=text, html=html, channels=[channel])
-    outbox.deliver_now([row], worker=f"web:{outbox.worker_name()}")
-    row.refresh_from_db()
-    if row.delivered_at is not None:
-        messages.success(request, f"Test notification delivered to {channel.name}.")
+    outcome = outbox.send_test(channel, worker=f"web:{outbox.worker_name()}")
+    if outcome.delivered:
+        messages.success(request, outcome.message)
     else:
-        messages.error(request, f"Test notification to {channel.name} failed: "
-                                f"{row.last_error or row.status}")
+        messages.error(request, outcome.message)
     return redirect("dashboard:channels")

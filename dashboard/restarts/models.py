@@ -40,6 +40,7 @@ class RestartWindow(models.Model):
 
     class Meta:
         ordering = ["node", "name"]
+        permissions = [("change_windows", "Can create and edit restart windows")]
 
     def __str__(self) -> str:
         return self.name
@@ -132,12 +133,19 @@ class RestartStep(models.Model):
 
 
 class AuditEntry(models.Model):
-    """Every dangerous action, also when refused or failed: who, what, on what, and the result."""
+    """Every dangerous or configuration action, also when refused or failed: who, from where,
+    what, on what, and the result.
+
+    ``allowed`` False means refused (no permission, or a guard said no); an allowed action that
+    went wrong has an ``outcome`` starting with "failed". ``details`` never holds a secret.
+    """
 
     at = models.DateTimeField(default=timezone.now)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                              on_delete=models.SET_NULL, related_name="+")
     actor = models.CharField(max_length=120, blank=True)  # "worker:<host>" for the runbook
+    # The client address of the request that asked (None for the worker and older rows).
+    address = models.GenericIPAddressField(null=True, blank=True)
     action = models.CharField(max_length=64)
     node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL,
                              related_name="+")
@@ -151,4 +159,8 @@ class AuditEntry(models.Model):
 
     class Meta:
         ordering = ["-at"]
-        indexes = [models.Index(fields=["action", "at"], name="audit_action_at")]
+        indexes = [models.Index(fields=["action", "at"], name="audit_action_at"),
+                   # The audit page lists newest first, unfiltered by default.
+                   models.Index(fields=["at"], name="audit_at")]
+        permissions = [("view_audit", "Can read the audit log"),
+                       ("unlock_logins", "Can see login lockouts and lift them")]

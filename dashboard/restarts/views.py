@@ -1,9 +1,10 @@
 """Restart pages: windows, plans, the live runbook and the ledger; thin adapters over
 ``dashboard.restarts.windows`` and ``dashboard.restarts.planning``.
 
-Everyone logged in can read them. Changing anything (a window, a plan, a cancellation) is a POST
-with CSRF and needs ``dashboard.run_restarts``: anyone else gets 403, and the refusal is audited.
-The forms themselves (GET) need the permission too, without an audit row: looking is no action.
+Everyone logged in can read them. Changing anything is a POST with CSRF: a plan or a
+cancellation needs ``dashboard.run_restarts``, a window ``dashboard.change_windows``. Anyone else
+gets 403, and the refusal is audited. The forms themselves (GET) need the permission too,
+without an audit row: looking is no action. Audit rows carry the request's client address.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from collectors.models import Engine, Node
-from dashboard.restarts.audit import audit
+from dashboard.access import CHANGE_WINDOWS, guarded
+from dashboard.restarts.audit import audit, audit_request, from_request
 from dashboard.restarts.forms import PlanForm, RestartWindowForm, plannable_engines
 from dashboard.restarts.models import AuditEntry, Restart, RestartStep, RestartWindow
 from dashboard.restarts.planning import (
@@ -64,7 +66,8 @@ def change_permission_required(view: View) -> View:
     @wraps(view)
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if request.method != "POST" and not can_run_restarts(request.user):
-            raise PermissionDenied(f"Changing restarts needs the permission {PERMISSION}.")
+            raise PermissionDenied(f"{request.user.get_username()} lacks the permission to "
+                                   f"plan and run engine restarts ({PERMISSION})")
         return view(request, *args, **kwargs)
 
     return wrapper
@@ -139,8 +142,9 @@ def restart_plan(request: HttpRequest, node: str) -> HttpResponse:
         return _plan_page(request, form, now, status=400)
     data = form.cleaned_data
     try:
-        planned = plan_restart(data["engine"], user=request.user, start=data["start_at"],
-                               window=data["window"], now=now, reason=data["reason"])
+        with from_request(request):
+            planned = plan_restart(data["engine"], user=request.user, start=data["start_at"],
+                                   window=data["window"], now=now, reason=data["reason"])
     except PlanRefused as refused:
         form.add_error(None, f"Refused: {refused.reason}.")
         return _plan_page(request, form, now, status=409)
@@ -156,7 +160,8 @@ def restart_plan(request: HttpRequest, node: str) -> HttpResponse:
 def restart_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     found = get_object_or_404(Restart.objects.select_related("node", "engine"), pk=pk)
     try:
-        cancel_restart(found, request.user, now=timezone.now())
+        with from_request(request):
+            cancel_restart(found, request.user, now=timezone.now())
     except PermissionMissing as refused:
         raise PermissionDenied(refused.reason) from None
     except PlanRefused as refused:
@@ -249,16 +254,16 @@ def windows(request: HttpRequest) -> HttpResponse:
     return render(request, "restarts/windows.html", {
         "rows": [_window_row(window, now) for window in listed],
         "site_zone": timezone.get_current_timezone_name(),
-        "can_change": can_run_restarts(request.user),
+        "can_change": CHANGE_WINDOWS.held_by(request.user),
     })
 
 
-@change_permission_required
+@guarded(CHANGE_WINDOWS, CREATE_WINDOW_ACTION)
 def window_new(request: HttpRequest) -> HttpResponse:
     return _window_form(request, None)
 
 
-@change_permission_required
+@guarded(CHANGE_WINDOWS, EDIT_WINDOW_ACTION)
 def window_edit(request: HttpRequest, pk: int) -> HttpResponse:
     return _window_form(request, get_object_or_404(RestartWindow, pk=pk))
 
@@ -270,16 +275,20 @@ def _window_form(request: HttpRequest, window: RestartWindow | None) -> HttpResp
         initial = {"node": request.GET["node"]} if window is None and "node" in request.GET else {}
         form = RestartWindowForm(instance=window, now=now, initial=initial)
         return _window_page(request, form, window)
-    if not can_run_restarts(request.user):
-        _deny(request, action, node=window.node if window else None,
-              details={"window": window.pk if window else None})
+    # Read before the form binds: validating a ModelForm writes into its instance.
+    before = _window_summary(window) if window else None
     form = RestartWindowForm(request.POST, instance=window, now=now)
     if not form.is_valid():
         return _window_page(request, form, window, status=400)
     saved = form.save_window(request.user)
+    after = _window_summary(saved)
+    details: dict[str, Any] = {"window": saved.pk, **after}
+    if before is not None:
+        details["changed"] = {key: {"from": before[key], "to": value}
+                              for key, value in after.items() if before[key] != value}
     audit(action, allowed=True, user=request.user, node=saved.node, engine=saved.engine,
           outcome=f"window {saved.name}: {saved.recurrence} for {saved.duration_minutes} min",
-          details={"window": saved.pk, "enabled": saved.enabled})
+          details=details)
     messages.success(request, f"Window {saved.name} saved.")
     return redirect("dashboard:windows")
 
@@ -289,10 +298,19 @@ def _window_form(request: HttpRequest, window: RestartWindow | None) -> HttpResp
 def _deny(request: HttpRequest, action: str, *, node: Node | None = None,
           engine: Engine | None = None, details: dict[str, Any] | None = None) -> NoReturn:
     """Audit a change refused for lack of permission, then answer 403."""
-    reason = f"{request.user.get_username()} lacks the permission {PERMISSION}"
-    audit(action, allowed=False, user=request.user, node=node, engine=engine, outcome=reason,
-          details=details)
+    reason = (f"{request.user.get_username()} lacks the permission to plan and run engine "
+              f"restarts ({PERMISSION})")
+    audit_request(request, action, allowed=False, node=node, engine=engine, outcome=reason,
+                  details=details)
     raise PermissionDenied(reason)
+
+
+def _window_summary(window: RestartWindow) -> dict[str, Any]:
+    """A window's settings as an audit row records them."""
+    return {"name": window.name, "node": window.node.name,
+            "engine": window.engine.name if window.engine_id else None,
+            "recurrence": window.recurrence, "time_zone": window.time_zone,
+            "duration_minutes": window.duration_minutes, "enabled": window.enabled}
 
 
 def _posted_engine(request: HttpRequest, node: Node) -> Engine | None:

@@ -12,15 +12,28 @@ from django.utils import timezone
 from dashboard.alerting.lifecycle import evaluate
 from dashboard.alerting.models import Alert, RuleSetting, Silence
 from dashboard.alerting.silences import create_silence
+from dashboard.restarts.models import AuditEntry
+from tests.access import grant
 from tests.alerting.helpers import floor, make_engine, overcommit
 
 
 @pytest.fixture
 def staff_client(client, django_user_model):
+    """Staff holding the permissions alerting changes need."""
     user = django_user_model.objects.create_user("operator", password="a-long-test-password",
                                                  is_staff=True)
-    client.force_login(user)
+    client.force_login(grant(user, "change_silences", "change_rules"))
     return client
+
+
+@pytest.fixture
+def bare_staff_client(django_user_model):
+    """Staff without any permission: the account the probe used."""
+    user = django_user_model.objects.create_user("bare", password="a-long-test-password",
+                                                 is_staff=True)
+    bare = Client()
+    bare.force_login(user)
+    return bare
 
 
 @pytest.fixture
@@ -102,7 +115,8 @@ def test_viewer_sees_pages_but_cannot_change_anything(viewer_client, node):
     silence.refresh_from_db()
     assert not silence.expired_early
     assert not RuleSetting.objects.exists()
-    assert "Only staff can create or expire silences" in \
+    assert "Creating or expiring silences needs the permission to create and expire silences " \
+        "(dashboard.change_silences)" in \
         viewer_client.get(reverse("dashboard:silences")).content.decode()
 
 
@@ -174,7 +188,7 @@ def test_expire_needs_post(staff_client, node):
 def test_changes_need_a_csrf_token(django_user_model, node):
     user = django_user_model.objects.create_user("operator", password="x", is_staff=True)
     strict = Client(enforce_csrf_checks=True)
-    strict.force_login(user)
+    strict.force_login(grant(user, "change_silences"))
 
     response = strict.post(reverse("dashboard:silence-new"),
                            {"ends_at": future(), "reason": "maintenance"})
@@ -242,7 +256,155 @@ def test_unknown_rule_edit_is_404(staff_client, db):
 
 def test_superuser_fixture_can_change_things(admin_client, node):
     response = admin_client.post(reverse("dashboard:silence-new"),
-                                 {"ends_at": future(), "reason": "maintenance"})
+                                 {"ends_at": future(), "reason": "maintenance",
+                                  "confirm_broad": "on"})
 
     assert response.status_code == 302
     assert Silence.objects.get().matcher_text == "any rule on any node, any engine"
+
+
+# --- permissions and audit ------------------------------------------------------------------
+
+def test_staff_without_the_permissions_is_refused_and_each_refusal_is_audited(
+        bare_staff_client, node):
+    silence = create_silence(reason="maintenance", ends_at=timezone.now() + timedelta(hours=1),
+                             now=timezone.now(), node=node)
+
+    created = bare_staff_client.post(reverse("dashboard:silence-new"),
+                                     {"ends_at": future(), "reason": "mute it all",
+                                      "confirm_broad": "on"}, REMOTE_ADDR="192.0.2.7")
+    expired = bare_staff_client.post(reverse("dashboard:silence-expire", args=[silence.pk]))
+    edited = bare_staff_client.post(reverse("dashboard:rule-edit", args=["overcommit"]),
+                                    {"for_seconds": "5"})
+
+    assert [r.status_code for r in (created, expired, edited)] == [403] * 3
+    assert "bare lacks the permission to create and expire silences " \
+        "(dashboard.change_silences)" in created.content.decode()
+    assert "lacks the permission to change alert rule settings (dashboard.change_rules)" in \
+        edited.content.decode()
+    assert Silence.objects.count() == 1 and not RuleSetting.objects.exists()
+    silence.refresh_from_db()
+    assert not silence.expired_early
+    rows = {row.action: row for row in AuditEntry.objects.all()}
+    assert set(rows) == {"create-silence", "expire-silence", "edit-rule"}
+    assert all(not row.allowed and row.user.get_username() == "bare" for row in rows.values())
+    assert rows["create-silence"].address == "192.0.2.7"
+    assert rows["edit-rule"].details["rule"] == "overcommit"
+    assert rows["expire-silence"].details["pk"] == silence.pk
+
+
+def test_staff_without_the_permission_sees_no_change_controls(bare_staff_client, node):
+    create_silence(reason="maintenance", ends_at=timezone.now() + timedelta(hours=1),
+                   now=timezone.now(), node=node)
+
+    silences_page = bare_staff_client.get(reverse("dashboard:silences")).content.decode()
+    rules_page = bare_staff_client.get(reverse("dashboard:rules")).content.decode()
+
+    assert "/expire/" not in silences_page and 'name="reason"' not in silences_page
+    assert "/rules/overcommit/" not in rules_page
+    assert bare_staff_client.get(reverse("dashboard:silence-new")).status_code == 403
+    assert not AuditEntry.objects.exists()  # opening a form is no action
+
+
+def test_silence_changes_are_audited_with_who_where_and_what(staff_client, node):
+    response = staff_client.post(reverse("dashboard:silence-new"), {
+        "node": node.pk, "rule": "prefill-stall", "ends_at": future(3), "reason": "test run",
+    }, REMOTE_ADDR="198.51.100.4")
+    silence = Silence.objects.get()
+    staff_client.post(reverse("dashboard:silence-expire", args=[silence.pk]))
+
+    assert response.status_code == 302
+    created, expired = AuditEntry.objects.order_by("at", "pk")
+    assert (created.action, created.allowed, created.user.get_username(), created.address,
+            created.node) == ("create-silence", True, "operator", "198.51.100.4", node)
+    assert created.details["silence"] == silence.pk and created.details["reason"] == "test run"
+    assert "prefill-stall on spark-a, any engine" in created.outcome
+    assert (expired.action, expired.allowed, expired.details["changed"]) == \
+        ("expire-silence", True, True)
+
+
+def test_rule_edit_is_audited_with_what_changed(staff_client, db):
+    RuleSetting.objects.create(rule="headroom-floor", for_seconds=30)
+
+    staff_client.post(reverse("dashboard:rule-edit", args=["headroom-floor"]), {
+        "enabled": "", "for_seconds": "30", "repeat_seconds": "", "threshold_floor_gib": "6",
+        "threshold_floor_percent": "", "threshold_swap_growth_mib_per_min": "",
+    })
+
+    (row,) = AuditEntry.objects.all()
+    assert (row.action, row.allowed, row.user.get_username()) == ("edit-rule", True, "operator")
+    assert row.details["changed"] == {
+        "enabled": {"from": True, "to": False},
+        "thresholds": {"from": {}, "to": {"floor_gib": 6.0}},
+    }
+
+
+# --- silence caps and broad silences -------------------------------------------------------
+
+def test_a_silence_longer_than_the_cap_is_refused_with_a_reason(staff_client, node):
+    response = staff_client.post(reverse("dashboard:silence-new"), {
+        "node": node.pk, "rule": "prefill-stall", "ends_at": "9999-12-31T23:59",
+        "reason": "forever", "confirm_broad": "on"})
+
+    assert response.status_code == 400
+    assert "A silence may last at most 7 days (SPARKOPS_SILENCE_MAX_DAYS)" in \
+        response.content.decode()
+    assert not Silence.objects.exists()
+
+
+def test_the_cap_is_a_setting(staff_client, node, settings):
+    settings.SPARKOPS_SILENCE_MAX_DAYS = 0.5
+
+    refused = staff_client.post(reverse("dashboard:silence-new"), {
+        "node": node.pk, "rule": "prefill-stall", "ends_at": future(13), "reason": "x"})
+    accepted = staff_client.post(reverse("dashboard:silence-new"), {
+        "node": node.pk, "rule": "prefill-stall", "ends_at": future(11), "reason": "x"})
+
+    assert refused.status_code == 400 and "at most 12 h" in refused.content.decode()
+    assert accepted.status_code == 302 and Silence.objects.count() == 1
+
+
+def test_the_domain_refuses_an_overlong_silence_too(node):
+    now = timezone.now()
+
+    with pytest.raises(ValueError, match="at most 7 days"):
+        create_silence(reason="x", ends_at=now + timedelta(days=8), now=now, node=node)
+
+
+def test_a_silence_of_everything_shows_what_it_mutes_and_needs_confirming(staff_client, node):
+    alerts_in_every_state(node)
+    data = {"ends_at": future(2), "reason": "quiet please"}
+
+    first = staff_client.post(reverse("dashboard:silence-new"), data)
+
+    page = first.content.decode()
+    assert first.status_code == 400 and not Silence.objects.exists()
+    assert "it matches every rule on every node" in page
+    assert 'id="broad-silence"' in page and "Yes, mute all of this" in page
+    # The open alerts it would mute are listed; the resolved one on spark-b is not.
+    assert "over by 2 GiB" in page and "floor breached" in page
+    assert "spark-b over" not in page
+
+    second = staff_client.post(reverse("dashboard:silence-new"), {**data, "confirm_broad": "on"})
+
+    assert second.status_code == 302
+    assert Silence.objects.get().matcher_text == "any rule on any node, any engine"
+    assert AuditEntry.objects.get().details["broad"] == ["it matches every rule on every node"]
+
+
+def test_a_scoped_silence_longer_than_a_day_needs_confirming(staff_client, node):
+    data = {"node": node.pk, "rule": "prefill-stall", "ends_at": future(30), "reason": "x"}
+
+    first = staff_client.post(reverse("dashboard:silence-new"), data)
+    second = staff_client.post(reverse("dashboard:silence-new"), {**data, "confirm_broad": "on"})
+
+    assert first.status_code == 400 and "it lasts longer than a day" in first.content.decode()
+    assert "No alert it matches is open now" in first.content.decode()
+    assert second.status_code == 302 and Silence.objects.count() == 1
+
+
+def test_a_scoped_short_silence_needs_no_confirmation(staff_client, node):
+    response = staff_client.post(reverse("dashboard:silence-new"), {
+        "node": node.pk, "ends_at": future(4), "reason": "rebooting spark-a"})
+
+    assert response.status_code == 302 and Silence.objects.count() == 1

@@ -10,7 +10,10 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from dashboard.notify.forms import ChannelForm
 from dashboard.notify.models import Channel, Notification
+from dashboard.restarts.models import AuditEntry
+from tests.access import grant
 from tests.notify.conftest import enqueue_alert
 from tests.notify.servers import Reply, ScriptedSMTPHandler, resolving, smtp_server
 
@@ -208,3 +211,112 @@ def test_the_list_shows_each_channels_recent_notifications(admin_client, make_we
     assert "retrying" in page and "2 attempts" in page and "HTTP 503" in page
     assert "https://hooks.example/…" in page
     assert "secret-token-in-path" not in page
+
+
+# --- permissions and audit ------------------------------------------------------------------
+
+@pytest.fixture
+def bare_staff_client(django_user_model):
+    """Staff without any permission: before, enough to redirect or disable alert delivery."""
+    user = django_user_model.objects.create_user("bare", "", "a-long-test-password",
+                                                 is_staff=True)
+    bare = Client()
+    bare.force_login(user)
+    return bare
+
+
+@pytest.fixture
+def channel_editor_client(django_user_model):
+    user = django_user_model.objects.create_user("editor", "", "a-long-test-password")
+    editor = Client()
+    editor.force_login(grant(user, "change_channels"))
+    return editor
+
+
+def test_staff_without_the_permission_cannot_redirect_or_disable_a_channel(
+        bare_staff_client, make_email):
+    channel = make_email("ops@example.com")
+    form = {"name": "mail", "kind": "email", "enabled": "on", "node": "",
+            "recipients": "attacker@example.net"}
+
+    responses = [
+        bare_staff_client.post(reverse("dashboard:channel-new"), form),
+        bare_staff_client.post(reverse("dashboard:channel-edit", args=[channel.pk]), form,
+                               REMOTE_ADDR="192.0.2.50"),
+        bare_staff_client.post(reverse("dashboard:channel-toggle", args=[channel.pk]),
+                               {"enabled": "0"}),
+    ]
+
+    assert [r.status_code for r in responses] == [403] * 3
+    assert "bare lacks the permission to create, edit, enable and disable notification " \
+        "channels (dashboard.change_channels)" in responses[1].content.decode()
+    channel.refresh_from_db()
+    assert channel.enabled and channel.recipients == ["ops@example.com"]
+    assert Channel.objects.count() == 1
+    rows = {row.action: row for row in AuditEntry.objects.all()}
+    assert set(rows) == {"create-channel", "edit-channel", "toggle-channel"}
+    assert not any(row.allowed for row in rows.values())
+    assert (rows["edit-channel"].address, rows["edit-channel"].details["pk"]) == \
+        ("192.0.2.50", channel.pk)
+    assert "/channels/new/" not in bare_staff_client.get(reverse("dashboard:channels")) \
+        .content.decode()
+
+
+def test_channel_changes_are_audited_without_secrets(channel_editor_client, monkeypatch):
+    monkeypatch.setattr(socket, "getaddrinfo", resolving({"hooks.example": "93.184.215.14"}))
+    new = reverse("dashboard:channel-new")
+
+    created = channel_editor_client.post(new, _webhook_form("https://hooks.example/T0KEN-a"))
+    channel = Channel.objects.get()
+    edit = reverse("dashboard:channel-edit", args=[channel.pk])
+    channel_editor_client.post(edit, _webhook_form("https://hooks.example/T0KEN-b",
+                                                   rotate_secret="on", name="chat-ops"))
+    channel_editor_client.post(reverse("dashboard:channel-toggle", args=[channel.pk]),
+                               {"enabled": "0"})
+
+    assert created.status_code == 200
+    channel.refresh_from_db()
+    rows = list(AuditEntry.objects.order_by("at", "pk"))
+    assert [(r.action, r.allowed, r.actor) for r in rows] == [
+        ("create-channel", True, "editor"), ("edit-channel", True, "editor"),
+        ("toggle-channel", True, "editor")]
+    edited = rows[1]
+    assert edited.details["changed"] == {"name": {"from": "chat", "to": "chat-ops"}}
+    assert edited.details["url_changed"] is True and edited.details["secret_generated"] is True
+    assert rows[2].details["changed"] == {"enabled": {"from": True, "to": False}}
+    recorded = json.dumps([[r.outcome, r.details] for r in rows], ensure_ascii=False)
+    assert "https://hooks.example/…" in recorded
+    assert "T0KEN" not in recorded and "whsec_" not in recorded
+    assert channel.secret not in recorded
+
+
+def test_send_test_needs_the_channel_permission(bare_staff_client, make_webhook, receiver):
+    channel = make_webhook(receiver)
+
+    response = bare_staff_client.post(reverse("dashboard:channel-test", args=[channel.pk]))
+
+    assert response.status_code == 403
+    assert "dashboard.change_channels" in response.content.decode()
+    assert receiver.requests == []
+    refused = AuditEntry.objects.get()
+    assert (refused.action, refused.allowed) == ("test-channel", False)
+
+
+def test_saving_the_form_keeps_the_senders_delivery_state(admin_client, make_webhook,
+                                                          monkeypatch):
+    monkeypatch.setattr(socket, "getaddrinfo", resolving({"hooks.example": "93.184.215.14"}))
+    channel = make_webhook("https://hooks.example/a")
+    edit = reverse("dashboard:channel-edit", args=[channel.pk])
+    # A sender records a failure and opens the breaker while the admin's form is being saved:
+    # the form's save must not write back the copy it loaded.
+    stale = Channel.objects.get(pk=channel.pk)
+    Channel.objects.filter(pk=channel.pk).update(failures_in_a_row=3, last_error="HTTP 503")
+    form = ChannelForm(_webhook_form("https://hooks.example/b", name="renamed"), instance=stale)
+    assert form.is_valid(), form.errors
+
+    form.save()
+
+    channel.refresh_from_db()
+    assert channel.name == "renamed" and channel.url.endswith("/b")
+    assert (channel.failures_in_a_row, channel.last_error) == (3, "HTTP 503")
+    assert admin_client.get(edit).status_code == 200

@@ -23,7 +23,8 @@ FAR_SUNDAY = datetime(2036, 11, 2, 3, 0)
 @pytest.fixture
 def operator_client(django_user_model):
     user = django_user_model.objects.create_user("operator")
-    user.user_permissions.add(Permission.objects.get(codename="run_restarts"))
+    user.user_permissions.add(*Permission.objects.filter(
+        codename__in=["run_restarts", "change_windows"]))
     client = Client()
     client.force_login(user)
     return client
@@ -85,7 +86,8 @@ def test_a_viewer_posting_a_plan_gets_403_and_an_audit_row(viewer_client, node, 
     assert response.status_code == 403
     (entry,) = refused("plan-restart")
     assert (entry.actor, entry.node, entry.engine) == ("viewer", node, gemma)
-    assert "lacks the permission dashboard.run_restarts" in entry.outcome
+    assert "lacks the permission to plan and run engine restarts (dashboard.run_restarts)" in \
+        entry.outcome
     assert not Restart.objects.exists()
 
 
@@ -357,3 +359,53 @@ def test_the_restart_page_follows_the_runbook_live_in_a_browser(live_server, pag
     page.goto(f"{live_server.url}{reverse('dashboard:restarts')}")
     page.wait_for_function("document.getElementById('startup-chart').data?.length === 1")
     assert page.evaluate("document.getElementById('startup-chart').data[0].y") == [8.0, 7.0]
+
+
+# --- windows have their own permission ------------------------------------------------------
+
+WINDOW_FORM = {"name": "sunday night", "node": "", "engine": "", "enabled": "on",
+               "local_start": "2026-11-01T03:00", "time_zone": "Asia/Seoul",
+               "rrule": "FREQ=WEEKLY;BYDAY=SU", "duration_minutes": "120"}
+
+
+def test_the_restart_permission_alone_does_not_change_windows(django_user_model, node):
+    user = django_user_model.objects.create_user("restarter")
+    user.user_permissions.add(Permission.objects.get(codename="run_restarts"))
+    client = Client()
+    client.force_login(user)
+
+    form = client.get(reverse("dashboard:window-new"))
+    created = client.post(reverse("dashboard:window-new"), {**WINDOW_FORM, "node": node.pk},
+                          REMOTE_ADDR="203.0.113.9")
+
+    assert form.status_code == created.status_code == 403
+    assert "restarter lacks the permission to create and edit restart windows " \
+        "(dashboard.change_windows)" in created.content.decode()
+    (entry,) = refused("create-window")
+    assert (entry.actor, entry.address) == ("restarter", "203.0.113.9")
+    assert not RestartWindow.objects.exists()
+    assert "/restarts/windows/new/" not in client.get(reverse("dashboard:windows")) \
+        .content.decode()
+
+
+def test_window_changes_are_audited_with_the_address_and_what_changed(operator_client, node):
+    operator_client.post(reverse("dashboard:window-new"), {**WINDOW_FORM, "node": node.pk},
+                         REMOTE_ADDR="198.51.100.20")
+    window = RestartWindow.objects.get()
+    operator_client.post(reverse("dashboard:window-edit", args=[window.pk]),
+                         {**WINDOW_FORM, "node": node.pk, "duration_minutes": "90"},
+                         REMOTE_ADDR="198.51.100.21")
+
+    created, edited = AuditEntry.objects.filter(allowed=True).order_by("at", "pk")
+    assert (created.action, created.address, created.details["duration_minutes"]) == \
+        ("create-window", "198.51.100.20", 120)
+    assert (edited.action, edited.address) == ("edit-window", "198.51.100.21")
+    assert edited.details["changed"] == {"duration_minutes": {"from": 120, "to": 90}}
+
+
+def test_plans_record_the_client_address(operator_client, node, gemma):
+    operator_client.post(reverse("dashboard:restart-plan", args=[node.name]),
+                         {"engine": gemma.pk, "when": "now", "reason": "new weights"},
+                         REMOTE_ADDR="192.0.2.33")
+
+    assert AuditEntry.objects.get(action="plan-restart", allowed=True).address == "192.0.2.33"
