@@ -18,7 +18,8 @@ sides:
   poll; an empty one left that way for a minute (its writer died) is removed.
 
 Files, folders and options are those of kombu's transport; processes using either one share the
-queues.
+queues. Message files are created with mode 0600 (the settings create the folders 0700): the
+data directory they live in is private to the user SparkOps runs as.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ class Channel(filesystem.Channel):
         final = os.path.join(self.data_folder_out, name)
         temporary = os.path.join(self.data_folder_out, f".{name}.tmp")
         try:
-            with open(temporary, "wb", buffering=0) as file:
+            # Mode 0600 from its creation, whatever the umask: a message carries task arguments.
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with open(descriptor, "wb", buffering=0) as file:
                 file.write(str_to_bytes(dumps(payload)))
             os.replace(temporary, final)
         except OSError as exc:

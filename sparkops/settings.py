@@ -8,19 +8,28 @@ start-up with a message naming the variable (see ``sparkops.env``).
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import secrets
 import socket
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from sparkops.datadir import PRIVATE_UMASK, create_private_file
 from sparkops.env import env_bool, env_float, env_int, env_list, env_optional, env_str
+
+# Every process of SparkOps loads these settings before it creates a file: from here on, what it
+# creates (the data directory, SQLite and its -wal/-shm, broker messages, the beat schedule) is
+# private to its user (folders 0700, files 0600). Existing installations are tightened when the
+# project's app is ready (sparkops.apps), once logging is configured to say so.
+os.umask(PRIVATE_UMASK)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("SPARKOPS_DATA_DIR", str(BASE_DIR / "var"))).resolve()
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
 def _secret_key() -> str:
@@ -29,9 +38,8 @@ def _secret_key() -> str:
     if configured:
         return configured
     key_file = DATA_DIR / "secret_key"
-    if not key_file.exists():
-        key_file.write_text(secrets.token_urlsafe(50))
-        key_file.chmod(0o600)
+    # Created 0600 in one step; when two processes start at once, the first one's key wins.
+    create_private_file(key_file, secrets.token_urlsafe(50))
     return key_file.read_text().strip()
 
 
@@ -66,12 +74,16 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
+    "sparkops.apps.SparkOpsConfig",
+    "csp",
     "collectors",
     "dashboard",
+    "axes",  # records login failures and locks out guessing (django-axes)
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -79,7 +91,27 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, so it can turn a locked-out login into the lockout page (axes' documented place).
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Content-Security-Policy (django-csp): scripts, styles, images and requests from this site
+# only, no inline script and no eval (the pages' scripts are static files; plotly's SVG charts
+# need neither). Styles allow 'unsafe-inline': the templates size bars with style attributes and
+# plotly injects its own <style> element; an inline style cannot run code.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
 
 ROOT_URLCONF = "sparkops.urls"
 WSGI_APPLICATION = "sparkops.wsgi.application"
@@ -119,10 +151,50 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard:home"
 LOGOUT_REDIRECT_URL = "login"
+
+# --- sign-in limits (django-axes) and configuration changes -------------------------------------
+# Axes' backend comes first: it refuses a locked-out account or address before any password is
+# checked, then Django's own backend authenticates.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Locked out when either the account or the client address has this many failures in a row,
+# each within the cool-off of the one before; the lock lifts by itself after the cool-off (an
+# admin can lift it earlier on the "Logins" page). Every further try while locked restarts it.
+AXES_FAILURE_LIMIT = env_int("SPARKOPS_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+SPARKOPS_LOGIN_COOLOFF_MINUTES = env_int("SPARKOPS_LOGIN_COOLOFF_MINUTES", 15, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=SPARKOPS_LOGIN_COOLOFF_MINUTES)
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+# A success does not clear the address's count: someone holding one account must not be able to
+# wipe the failures their address piled up guessing another.
+AXES_RESET_ON_SUCCESS = False
+# Every failure is kept as a row (who, from where, when), not only the running count.
+AXES_ENABLE_ACCESS_FAILURE_LOG = True
+# The client address: the socket's peer, unless that peer is a reverse proxy listed in
+# SPARKOPS_TRUSTED_PROXIES (CIDRs); only then is X-Forwarded-For read, right to left, so a
+# client cannot pick its own address by sending the header (dashboard.clientaddress).
+SPARKOPS_TRUSTED_PROXIES = env_list("SPARKOPS_TRUSTED_PROXIES", [])
+for _proxy in SPARKOPS_TRUSTED_PROXIES:
+    try:
+        ipaddress.ip_network(_proxy, strict=False)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"SPARKOPS_TRUSTED_PROXIES: {_proxy!r} is not a network (e.g. 127.0.0.1/32)"
+        ) from None
+AXES_CLIENT_IP_CALLABLE = "dashboard.clientaddress.client_address"
+# A lockout answers with the login page and the reason in words (HTTP 429).
+AXES_LOCKOUT_CALLABLE = "dashboard.logins.lockout_response"
+# No banner at every process start (it would be the first line of every `manage.py` command);
+# failures and lockouts are still logged as warnings (see LOGGING).
+AXES_VERBOSE = False
+# Silences longer than this are refused: a forgotten silence must not mute a node for months.
+SPARKOPS_SILENCE_MAX_DAYS = env_float("SPARKOPS_SILENCE_MAX_DAYS", 7, minimum=0.01)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = env_str("SPARKOPS_TIME_ZONE", "UTC")
@@ -131,7 +203,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "staticfiles"
-STATIC_ROOT.mkdir(exist_ok=True)  # WhiteNoise warns on every request when it is missing
+STATIC_ROOT.mkdir(mode=0o700, exist_ok=True)  # WhiteNoise warns on every request without it
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATICFILES_FINDERS = [
     "django.contrib.staticfiles.finders.FileSystemFinder",
@@ -143,6 +215,10 @@ STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
 }
+# Django's storages chmod what they save to 0644 unless told otherwise; `collectstatic` writes into
+# the data directory, which stays private (the app serves its static files itself).
+FILE_UPLOAD_PERMISSIONS = 0o600
+FILE_UPLOAD_DIRECTORY_PERMISSIONS = 0o700
 
 LOGGING = {
     "version": 1,
@@ -150,6 +226,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("SPARKOPS_LOG_LEVEL", "INFO")},
+    # django-axes logs every successful login and every clean-up at INFO; its failures and
+    # lockouts are warnings, which is what an admin reads the log for.
+    "loggers": {"axes": {"level": "WARNING"}},
 }
 
 # --- SparkOps: this node and its collection ---------------------------------------------------
@@ -247,7 +326,7 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     # kombu's transport with atomic writes and lock-aware reads (see sparkops/fsbroker.py).
     CELERY_BROKER_TRANSPORT = "sparkops.fsbroker:Transport"
     for _sub in ("queue", "processed", "control"):
-        (_BROKER_DIR / _sub).mkdir(parents=True, exist_ok=True)
+        (_BROKER_DIR / _sub).mkdir(mode=0o700, parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_BROKER_DIR / "queue"),
         "data_folder_out": str(_BROKER_DIR / "queue"),
@@ -275,3 +354,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
 # --- the web server started by `./sparkops start` -----------------------------------------------
 SPARKOPS_BIND = env_str("SPARKOPS_BIND", "127.0.0.1:8470")
+# The stack's supervisor kills and restarts a Celery worker that has not shown it is alive (by
+# touching a file in the data directory, every few seconds) for this long: a stopped or frozen
+# worker would otherwise stay up and do nothing. Longer than any pause a busy node causes.
+SPARKOPS_WORKER_LIVENESS_TIMEOUT = env_float("SPARKOPS_WORKER_LIVENESS_TIMEOUT", 60, minimum=2)

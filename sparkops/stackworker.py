@@ -11,6 +11,12 @@ If the beat thread ends while the worker is not shutting down, it stops the work
 supervises the worker (``runstack``) then sees the stack fail, as it would have seen a separate
 beat process exit, instead of a worker that silently receives no more schedule.
 
+With ``--liveness-file PATH``, the worker's main process touches that file every
+``--liveness-interval`` seconds from the worker's timer (``Liveness``): the supervisor of
+``runstack`` kills and restarts a worker whose file grows old, which a stopped (SIGSTOP) or
+frozen worker would otherwise never show, since its process stays alive. On the event-loop pools
+(prefork with Redis) the timer runs in the main loop itself, so a wedged loop shows as well.
+
 On the embedded file-system broker every process uses ``sparkops.fsbroker`` (see the settings):
 kombu's own transport lets a reader take a message file before its writer has written it, which
 a worker publishing from its own threads (beat, follow-up tasks) hits within a minute.
@@ -22,6 +28,7 @@ import logging
 import os
 import signal
 import threading
+from pathlib import Path
 from typing import Any
 
 from celery import bootsteps
@@ -30,13 +37,15 @@ from click import Option
 
 from sparkops.celery import app
 
-__all__ = ["BeatThread", "app"]
+__all__ = ["BeatThread", "Liveness", "app"]
 
 log = logging.getLogger(__name__)
 # How long the scheduler sleeps at most between two looks at its schedule, and so how long a
 # stop waits for it: short, as Celery's own threaded beat (the schedule's entries are due every
 # 5 s or more; a look costs well under a millisecond).
 MAX_INTERVAL_SECONDS = 1.0
+# Seconds between two touches of the liveness file, unless --liveness-interval says otherwise.
+LIVENESS_INTERVAL_SECONDS = 5.0
 
 
 class BeatThread(bootsteps.StartStopStep):
@@ -86,8 +95,57 @@ class BeatThread(bootsteps.StartStopStep):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+class Liveness(bootsteps.StartStopStep):
+    """Worker bootstep: touch ``--liveness-file`` every ``--liveness-interval`` seconds.
+
+    Enabled by ``--liveness-file``. The file is touched once as the step starts, then from the
+    worker's timer. Cost: one ``utime`` call per interval.
+    """
+
+    label = "Liveness file"
+    conditional = True
+    requires = ("celery.worker.components:Timer",)
+
+    def __init__(self, parent: Any, liveness_file: str | None = None,
+                 liveness_interval: float | None = None, **kwargs: Any) -> None:
+        self.enabled = bool(liveness_file)
+        self.path = Path(liveness_file) if liveness_file else None
+        self.interval = float(liveness_interval or LIVENESS_INTERVAL_SECONDS)
+        self.timer_entry: Any = None
+        super().__init__(parent, **kwargs)
+
+    def start(self, parent: Any) -> None:
+        self.touch()
+        self.timer_entry = parent.timer.call_repeatedly(self.interval, self.touch)
+
+    def stop(self, parent: Any) -> None:
+        if self.timer_entry is not None:
+            self.timer_entry.cancel()
+            self.timer_entry = None
+
+    terminate = stop
+
+    def touch(self) -> None:
+        assert self.path is not None
+        try:
+            self.path.touch()
+        except OSError:
+            # A full or read-only disk: the supervisor will see the file age and restart us,
+            # which is the right outcome for a worker that cannot write its data directory.
+            log.exception("cannot touch the liveness file %s", self.path)
+
+
 app.user_options["worker"].add(Option(
     ["--beat-thread"], is_flag=True, default=False,
     help="Run beat's scheduler as a thread of this worker (runstack on a single node).",
 ))
+app.user_options["worker"].add(Option(
+    ["--liveness-file"], default=None,
+    help="Touch this file every --liveness-interval seconds (runstack's supervisor watches it).",
+))
+app.user_options["worker"].add(Option(
+    ["--liveness-interval"], type=float, default=LIVENESS_INTERVAL_SECONDS,
+    help="Seconds between two touches of --liveness-file.",
+))
 app.steps["worker"].add(BeatThread)
+app.steps["worker"].add(Liveness)

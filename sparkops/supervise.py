@@ -1,4 +1,4 @@
-"""Start the stack's processes, and stop them all when one exits or when asked to stop.
+"""Start the stack's processes, restart one that crashes or falls silent, and stop them together.
 
 ``manage.py runstack`` builds the command lines with Django (settings, checks) and then replaces
 itself with this module, run by path as a plain script (``python -P .../supervise.py SPEC``): it
@@ -6,40 +6,133 @@ imports only the standard library, neither Django nor the project, so the proces
 the stack is a bare interpreter (about 10 MiB resident) instead of a Django one (about 58 MiB).
 Keep it that way: no project or third-party import here.
 
-SPEC is JSON: ``{"processes": [{"name": ..., "argv": [...], "env": {...}}, ...]}`` (``env`` is
-optional and added to this process's environment). If any process exits, the others are
-stopped (SIGTERM, SIGKILL after a grace period) and this exits 1, so whoever runs the stack
-(systemd, a container, a terminal) sees the failure instead of a half-running stack. SIGINT or
-SIGTERM stops them all the same way and exits 0.
+SPEC is JSON::
+
+    {"processes": [{"name": ..., "argv": [...], "env": {...},
+                    "heartbeat": {"path": ..., "timeout": 60, "startup": 180}}, ...],
+     "restart": {"initial": 1, "max": 60, "stable": 120, "crashes": 5, "window": 300}}
+
+``env`` (added to this process's environment), ``heartbeat`` and ``restart`` are optional;
+``restart`` defaults to ``RESTART_POLICY``. The contract:
+
+1. A process that exits (whatever its status) is restarted after a delay that starts at
+   ``initial`` seconds and doubles with each consecutive crash up to ``max``; once a process has
+   run ``stable`` seconds, its next crash starts again from ``initial``.
+2. A process with a ``heartbeat`` must keep touching the file at ``path``: the file is removed
+   before each start, and a process whose file is older than ``timeout`` seconds (or absent
+   ``startup`` seconds after its start) is stopped (SIGKILL, with its descendants: a stopped or
+   wedged process would ignore SIGTERM) and restarted as a crash.
+3. When one process has crashed ``crashes`` times within ``window`` seconds, restarting is not
+   helping: all are stopped (SIGTERM, SIGKILL after a grace period) and this exits 1, so
+   whoever runs the stack (systemd, a container, a terminal) sees the failure.
+4. SIGINT or SIGTERM stops them all the same way and this exits 0.
+
+Each crash, restart and heartbeat kill is one line on stderr.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 GRACE_SECONDS = 15.0
 POLL_SECONDS = 0.5
+# 1 s doubling to 60 s: a crash loop costs a few starts a minute, not a Django import per second.
+# Five crashes within five minutes mean the cause is not transient (a broken setting, a database
+# that is gone): the stack stops and says so.
+RESTART_POLICY = {"initial": 1.0, "max": 60.0, "stable": 120.0, "crashes": 5, "window": 300.0}
 
 
-def _start(spec: dict) -> dict[str, subprocess.Popen]:
-    processes: dict[str, subprocess.Popen] = {}
-    for entry in spec["processes"]:
-        env = {**os.environ, **entry["env"]} if entry.get("env") else None
-        processes[entry["name"]] = subprocess.Popen(entry["argv"], env=env)
-    return processes
+def _say(message: str) -> None:
+    print(f"supervise: {message}", file=sys.stderr, flush=True)
 
 
-def _stop_all(processes: dict[str, subprocess.Popen], grace: float) -> None:
-    for process in processes.values():
-        if process.poll() is None:
-            process.terminate()
+def _descendants(pid: int) -> list[int]:
+    """The pids below ``pid`` (Linux /proc), deepest last; empty once it is gone."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split():
+                    found += [int(child), *_descendants(int(child))]
+    return found
+
+
+class Child:
+    """One process of the stack: its command line, its current run and its crash record."""
+
+    def __init__(self, entry: dict, policy: dict) -> None:
+        self.name: str = entry["name"]
+        self.argv: list[str] = entry["argv"]
+        self.env = {**os.environ, **entry["env"]} if entry.get("env") else None
+        self.heartbeat: dict | None = entry.get("heartbeat")
+        self.policy = policy
+        self.process: subprocess.Popen | None = None
+        self.started = 0.0
+        self.restart_at: float | None = None
+        self.consecutive = 0
+        self.crashes: collections.deque[float] = collections.deque()
+
+    def start(self) -> None:
+        if self.heartbeat:
+            Path(self.heartbeat["path"]).unlink(missing_ok=True)  # a file of the last run
+        self.started = time.monotonic()
+        self.restart_at = None
+        self.process = subprocess.Popen(self.argv, env=self.env)
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def silent_for(self) -> float | None:
+        """Seconds past its heartbeat bound, or None while its heartbeat is fresh enough."""
+        if not self.heartbeat or not self.running():
+            return None
+        try:
+            age = time.time() - os.stat(self.heartbeat["path"]).st_mtime
+            bound = float(self.heartbeat["timeout"])
+        except FileNotFoundError:
+            age = time.monotonic() - self.started
+            bound = float(self.heartbeat.get("startup", self.heartbeat["timeout"]))
+        return age if age > bound else None
+
+    def kill(self) -> None:
+        """SIGKILL the process and everything it started; a stopped process dies of it too."""
+        assert self.process is not None
+        for pid in [self.process.pid, *_descendants(self.process.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.process.wait()
+
+    def crashed(self, now: float) -> bool:
+        """Record an exit; schedule the restart, or return False when it is time to give up."""
+        if now - self.started >= self.policy["stable"]:
+            self.consecutive = 0
+        self.crashes.append(now)
+        while self.crashes and now - self.crashes[0] > self.policy["window"]:
+            self.crashes.popleft()
+        if len(self.crashes) >= self.policy["crashes"]:
+            return False
+        delay = min(self.policy["initial"] * 2 ** self.consecutive, self.policy["max"])
+        self.consecutive += 1
+        self.restart_at = now + delay
+        _say(f"{self.name} exited with status {self.process.returncode}; "
+             f"restarting it in {delay:g} s")
+        return True
+
+
+def _stop_all(children: list[Child], grace: float) -> None:
+    running = [child.process for child in children if child.running()]
+    for process in running:
+        process.terminate()
     deadline = time.monotonic() + grace
-    for process in processes.values():
+    for process in running:
         try:
             process.wait(timeout=max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
@@ -48,7 +141,8 @@ def _stop_all(processes: dict[str, subprocess.Popen], grace: float) -> None:
 
 
 def supervise(spec: dict, *, grace: float = GRACE_SECONDS) -> int:
-    """Run the processes of ``spec`` until one exits or a stop signal comes; the exit status."""
+    """Run the processes of ``spec`` (see the module's docstring) until asked to stop or until
+    one keeps crashing; the exit status: 0 when asked to stop, 1 when it gave up."""
     stopping = False
 
     def stop(_signum: int, _frame: object) -> None:
@@ -58,18 +152,32 @@ def supervise(spec: dict, *, grace: float = GRACE_SECONDS) -> int:
     # Installed before the first child starts: a stop request never finds the default handler.
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    processes = _start(spec)
-    exited: str | None = None
-    while not stopping and exited is None:
-        exited = next((name for name, p in processes.items() if p.poll() is not None), None)
-        if exited is None:
-            time.sleep(POLL_SECONDS)
-    _stop_all(processes, grace)
-    if exited is not None:
-        code = processes[exited].returncode
-        print(f"{exited} exited with status {code}; stopped the others.", file=sys.stderr,
-              flush=True)
-        return 1
+    policy = {**RESTART_POLICY, **spec.get("restart", {})}
+    children = [Child(entry, policy) for entry in spec["processes"]]
+    for child in children:
+        child.start()
+    while not stopping:
+        now = time.monotonic()
+        for child in children:
+            if child.restart_at is not None:
+                if now >= child.restart_at:
+                    child.start()
+                continue
+            silent = child.silent_for()
+            if silent is not None:
+                _say(f"{child.name} sent no heartbeat for {silent:.0f} s; killing it")
+                child.kill()
+            if child.running():
+                continue
+            if not child.crashed(now):
+                _say(f"{child.name} exited with status {child.process.returncode}, "
+                     f"{len(child.crashes)} times within {policy['window']:g} s; "
+                     "stopping the stack")
+                _stop_all(children, grace)
+                return 1
+        pending = [c.restart_at - now for c in children if c.restart_at is not None]
+        time.sleep(max(min([POLL_SECONDS, *pending]), 0.01))
+    _stop_all(children, grace)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterator
 
@@ -36,10 +37,29 @@ def browser() -> Iterator[object]:
         os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
 
 
+# A JavaScript function expression: `function …`, `x => …`, `(a, b) => …` (an IIFE is not one).
+_FUNCTION = re.compile(r"\s*(async\s+)?(function\b|[\w$]+\s*=>|\([^()]*\)\s*=>)")
+
+
+def _compile_predicates_as_functions(page) -> None:
+    """Playwright polls a string predicate of ``wait_for_function`` with ``eval`` inside the
+    page, which the pages' Content-Security-Policy forbids; a function is compiled through the
+    debugging protocol instead, outside the policy. Wrap string predicates into functions."""
+    original = page.wait_for_function
+
+    def wait_for_function(expression: str, *args, **kwargs):
+        if not _FUNCTION.match(expression):
+            expression = f"() => ({expression})"
+        return original(expression, *args, **kwargs)
+
+    page.wait_for_function = wait_for_function
+
+
 @pytest.fixture
 def page(browser):
     context = browser.new_context()
     page = context.new_page()
+    _compile_predicates_as_functions(page)
     yield page
     # Stop the page's polling and let the live server finish any request in flight before the
     # test's database access is switched off behind it.

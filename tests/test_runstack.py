@@ -45,7 +45,7 @@ def test_default_stack_is_one_web_process_with_threads_and_one_worker_with_beat(
     assert _option(web, "--worker-class") == "gthread"
     assert _option(worker, "-A") == "sparkops.stackworker"
     assert _option(worker, "--pool") == "threads" and _option(worker, "--concurrency") == "8"
-    assert _option(worker, "--queues") == "node.n1,sparkops"
+    assert _option(worker, "--queues") == "node.n1,sparkops,notify"
     assert "--beat-thread" in worker and "--beat" not in worker and "-B" not in worker
     assert _option(worker, "--schedule-filename").endswith("celerybeat-schedule")
 
@@ -70,28 +70,70 @@ def test_stack_environment_keeps_an_admins_malloc_setting():
         "web": {}, "worker": {"CELERY_SKIP_CHECKS": "1"}}
 
 
-def test_supervisor_argv_carries_the_commands_and_their_environment():
-    argv = runstack.supervisor_argv({"a": ["x", "1"]}, {"a": {"K": "v"}})
+def test_supervisor_argv_carries_the_commands_their_environment_and_heartbeats():
+    argv = runstack.supervisor_argv({"a": ["x", "1"], "b": ["y"]}, {"a": {"K": "v"}},
+                                    {"b": {"path": "/d/b.alive", "timeout": 9}})
     assert argv[:3] == [sys.executable, "-P", str(SUPERVISE)]
-    assert json.loads(argv[3]) == {"processes": [{"name": "a", "argv": ["x", "1"],
-                                                  "env": {"K": "v"}}]}
+    assert json.loads(argv[3]) == {"processes": [
+        {"name": "a", "argv": ["x", "1"], "env": {"K": "v"}},
+        {"name": "b", "argv": ["y"], "env": {}, "heartbeat": {"path": "/d/b.alive",
+                                                              "timeout": 9}}]}
+
+
+def test_the_worker_shows_it_is_alive_in_the_data_directory_and_the_supervisor_watches(settings):
+    settings.SPARKOPS_WORKER_LIVENESS_TIMEOUT = 20
+    worker = runstack.stack_commands(bind="127.0.0.1:9", node="n1")["worker"]
+    heartbeat = runstack.stack_heartbeats()["worker"]
+
+    assert _option(worker, "--liveness-file") == heartbeat["path"]
+    assert Path(heartbeat["path"]).parent == settings.DATA_DIR
+    assert float(_option(worker, "--liveness-interval")) == 5.0  # 4 chances within 20 s
+    assert heartbeat["timeout"] == 20 and heartbeat["startup"] >= 20
+
+
+def test_each_stack_runs_gunicorn_without_the_per_user_control_socket():
+    """gunicorn's control socket defaults to one path per user (~/.gunicorn/gunicorn.ctl), so
+    two stacks of one user would share it and one stopping would remove the other's."""
+    web = runstack.stack_commands(bind="127.0.0.1:9", node="n1")["web"]
+    assert "--no-control-socket" in web
+    assert "--control-socket" not in web
 
 
 # --- the supervisor -------------------------------------------------------------------------------
 
 
-def _spec(**processes: str) -> str:
-    return json.dumps({"processes": [
-        {"name": name, "argv": [sys.executable, "-c", code], "env": {"SPEC_VALUE": name}}
-        for name, code in processes.items()]})
+def _spec(restart: dict | None = None, heartbeats: dict | None = None, **processes: str) -> str:
+    spec: dict = {"processes": [
+        {"name": name, "argv": [sys.executable, "-c", code], "env": {"SPEC_VALUE": name},
+         **({"heartbeat": heartbeats[name]} if name in (heartbeats or {}) else {})}
+        for name, code in processes.items()]}
+    if restart is not None:
+        spec["restart"] = restart
+    return json.dumps(spec)
 
 
 def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (or is stopped); a zombie no one has reaped yet counts as gone."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
         return False
-    return True
+    return state not in ("Z", "X")
+
+
+def _wait_for(condition, what: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {seconds} s"
+        time.sleep(0.1)
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+def _record_pid(path: Path) -> str:
+    return f"import os, time; open({str(path)!r}, 'a').write(f'{{os.getpid()}}\\n'); "
 
 
 def test_supervisor_imports_nothing_but_the_standard_library():
@@ -103,22 +145,107 @@ def test_supervisor_imports_nothing_but_the_standard_library():
     assert not loaded & {"django", "celery", "kombu", "sparkops", "collectors", "dashboard"}
 
 
-def test_supervisor_stops_the_others_when_one_exits(tmp_path):
-    pids = tmp_path / "pids"
-    sleeper = (f"import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); "
-               "time.sleep(60)")
-    started = time.monotonic()
+def test_supervisor_restarts_a_part_that_crashes_and_leaves_the_others_running(tmp_path):
+    web_pids, worker_pids, log = tmp_path / "web", tmp_path / "worker", tmp_path / "log"
+    # The worker crashes on its first two starts, then stays up.
+    worker = (_record_pid(worker_pids)
+              + f"n = len(open({str(worker_pids)!r}).read().split()); "
+              "raise SystemExit(3) if n < 3 else time.sleep(60)")
+    with log.open("w") as stderr:
+        supervisor = subprocess.Popen(
+            [sys.executable, "-P", str(SUPERVISE),
+             _spec(restart={"initial": 0.2, "crashes": 10},
+                   web=_record_pid(web_pids) + "time.sleep(60)", worker=worker)],
+            stderr=stderr)
+    try:
+        _wait_for(lambda: len(_lines(worker_pids)) == 3, "the worker's third start")
+        assert supervisor.poll() is None
+        assert len(_lines(web_pids)) == 1  # the web part was never touched
+        running = [int(_lines(web_pids)[0]), int(_lines(worker_pids)[2])]
+        assert all(_alive(pid) for pid in running)
+
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=30) == 0
+        assert not any(_alive(pid) for pid in running)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+    # Each consecutive crash waits twice as long as the one before.
+    assert log.read_text().splitlines()[:2] == [
+        "supervise: worker exited with status 3; restarting it in 0.2 s",
+        "supervise: worker exited with status 3; restarting it in 0.4 s",
+    ]
+
+
+def test_restart_delays_double_to_their_maximum_and_reset_after_a_good_run():
+    from sparkops.supervise import Child
+
+    policy = {"initial": 1.0, "max": 4.0, "stable": 10.0, "crashes": 100, "window": 300.0}
+    child = Child({"name": "worker", "argv": ["true"]}, policy)
+    child.process = SimpleNamespace(returncode=1)
+    delays = []
+    for now in (1.0, 2.0, 3.0, 4.0):
+        child.started = now - 0.5  # each run lasted half a second
+        assert child.crashed(now)
+        delays.append(child.restart_at - now)
+    child.started = 10.0
+    assert child.crashed(25.0)  # this run lasted 15 s, longer than "stable"
+
+    assert delays == [1.0, 2.0, 4.0, 4.0]
+    assert child.restart_at - 25.0 == 1.0
+
+
+def test_supervisor_gives_up_and_stops_all_when_a_part_keeps_crashing(tmp_path):
+    web_pids, worker_pids = tmp_path / "web", tmp_path / "worker"
     result = subprocess.run(
         [sys.executable, "-P", str(SUPERVISE),
-         _spec(web=sleeper, worker="import os, time; time.sleep(1); "
-                                   "raise SystemExit(3 if os.environ['SPEC_VALUE'] == 'worker' "
-                                   "else 0)")],
-        capture_output=True, text=True, timeout=30,
+         _spec(restart={"initial": 0.1, "crashes": 3, "window": 60},
+               web=_record_pid(web_pids) + "time.sleep(60)",
+               worker=_record_pid(worker_pids) + "raise SystemExit(3)")],
+        capture_output=True, text=True, timeout=60,
     )
+
     assert result.returncode == 1
-    assert "worker exited with status 3; stopped the others." in result.stderr
-    assert time.monotonic() - started < 15
-    assert not _alive(int(pids.read_text().split()[0]))
+    assert len(_lines(worker_pids)) == 3  # started, restarted twice, then given up
+    assert ("supervise: worker exited with status 3, 3 times within 60 s; stopping the stack"
+            in result.stderr)
+    assert not _alive(int(_lines(web_pids)[0]))
+
+
+def test_supervisor_kills_and_restarts_a_worker_whose_heartbeat_stops(tmp_path):
+    pids, beat, helper = tmp_path / "pids", tmp_path / "alive", tmp_path / "helper"
+    # A worker that beats every 0.1 s and has a child process of its own (as a prefork pool).
+    worker = (_record_pid(pids)
+              + "import pathlib, subprocess, sys; "
+              + "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+              + f"open({str(helper)!r}, 'a').write(f'{{c.pid}}\\n')\n"
+              + f"while True:\n    pathlib.Path({str(beat)!r}).touch(); time.sleep(0.1)")
+    log = tmp_path / "log"
+    with log.open("w") as stderr:
+        supervisor = subprocess.Popen(
+            [sys.executable, "-P", str(SUPERVISE),
+             _spec(restart={"initial": 0.1},
+                   heartbeats={"worker": {"path": str(beat), "timeout": 1, "startup": 30}},
+                   worker=worker)],
+            stderr=stderr)
+    try:
+        _wait_for(lambda: _lines(helper) and beat.exists(), "the worker's first heartbeat")
+        first, first_helper = int(_lines(pids)[0]), int(_lines(helper)[0])
+        os.kill(first, signal.SIGSTOP)  # alive, but silent
+
+        _wait_for(lambda: len(_lines(pids)) == 2, "a new worker after the silent one")
+        assert supervisor.poll() is None
+        assert not _alive(first) and not _alive(first_helper)
+
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(timeout=30) == 0
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+        for pid in map(int, _lines(helper)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert "supervise: worker sent no heartbeat for" in log.read_text()
 
 
 def test_supervisor_stops_everything_on_sigterm(tmp_path):
@@ -192,6 +319,24 @@ def test_a_beat_thread_stopped_with_the_worker_does_not_stop_it_again(monkeypatc
     assert list(tmp_path.glob("schedule*"))  # the schedule was saved on the way out
 
 
+def test_the_liveness_step_touches_its_file_from_the_workers_timer(tmp_path):
+    from celery.utils.timer2 import Timer
+
+    alive = tmp_path / "worker.alive"
+    parent = SimpleNamespace(app=stackworker.app, timer=Timer())
+    step = stackworker.Liveness(parent, liveness_file=str(alive), liveness_interval=0.1)
+    assert stackworker.Liveness(parent).enabled is False
+    try:
+        step.start(parent)
+        assert alive.exists()  # at once, before the first tick
+        old = time.time() - 3600
+        os.utime(alive, (old, old))
+        _wait_for(lambda: alive.stat().st_mtime > old, "a touch from the timer")
+        step.stop(parent)
+    finally:
+        parent.timer.stop()
+
+
 # --- the file-system broker -----------------------------------------------------------------------
 
 
@@ -245,6 +390,17 @@ def test_a_reader_never_sees_a_message_before_it_is_written(monkeypatch, tmp_pat
     assert sorted(received) == sorted(expected)
 
 
+def test_a_message_file_is_private_whatever_the_umask(tmp_path):
+    previous = os.umask(0)
+    try:
+        with _connection(tmp_path, fsbroker.Transport) as connection:
+            connection.default_channel._put("q", {"body": "task arguments"})
+    finally:
+        os.umask(previous)
+    (message,) = [p for p in tmp_path.iterdir() if p.name.endswith(".q.msg")]
+    assert oct(message.stat().st_mode & 0o777) == "0o600"
+
+
 def test_a_message_file_being_written_is_left_for_the_next_poll(tmp_path):
     import fcntl
 
@@ -281,13 +437,21 @@ def _tree(pid: int) -> list[int]:
 
 
 def _cmdline(pid: int) -> str:
-    return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    """The command line of ``pid``; empty once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
 
 
 @pytest.mark.slow
 def test_runstack_leaves_a_light_supervisor_one_web_worker_and_one_celery_worker(tmp_path):
     port = free_port()
-    env = subprocess_env(SPARKOPS_DATA_DIR=str(tmp_path / "data"), SPARKOPS_NODE_NAME="rs-test")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = subprocess_env(SPARKOPS_DATA_DIR=str(tmp_path / "data"), SPARKOPS_NODE_NAME="rs-test",
+                         HOME=str(home), SPARKOPS_WORKER_LIVENESS_TIMEOUT="10")
+    env.pop("XDG_RUNTIME_DIR", None)  # gunicorn would put its control socket there instead
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=PROJECT, env=env,
                    check=True, capture_output=True, timeout=120)
     log = (tmp_path / "stack.log").open("w")
@@ -313,7 +477,24 @@ def test_runstack_leaves_a_light_supervisor_one_web_worker_and_one_celery_worker
         workers = [pid for pid, line in lines.items() if "celery" in line]
         environ = Path(f"/proc/{workers[0]}/environ").read_bytes().split(b"\0")
         assert b"CELERY_SKIP_CHECKS=1" in environ
+        # No control socket shared with the user's other stacks (gunicorn's default path).
+        assert not (home / ".gunicorn").exists(), list(home.rglob("*"))
 
+        # A stopped worker is alive but does nothing: the supervisor sees its liveness file
+        # age, kills it and starts another, and the stack carries on.
+        assert (tmp_path / "data" / "worker.alive").exists()
+        os.kill(workers[0], signal.SIGSTOP)
+
+        def new_worker() -> list[int]:
+            return [pid for pid in _tree(stack.pid)[1:]
+                    if pid != workers[0] and "celery" in _cmdline(pid)]
+
+        _wait_for(new_worker, "a new Celery worker after the stopped one", seconds=90)
+        assert not _alive(workers[0])
+        assert stack.poll() is None
+        assert "worker sent no heartbeat for" in (tmp_path / "stack.log").read_text()
+
+        pids = _tree(stack.pid)
         stack.send_signal(signal.SIGTERM)
         assert stack.wait(timeout=30) == 0
         assert not any(_alive(pid) for pid in pids[1:])

@@ -48,20 +48,36 @@ def test_wrong_node_task_is_refused(settings):
         collect_host_memory("spark-b")
 
 
-def test_deploy_checks_pass_with_production_settings(tmp_path):
-    """`manage.py check --deploy` is clean once HTTPS and a real secret key are configured."""
-    env = subprocess_env(
-        SPARKOPS_DATA_DIR=str(tmp_path),
-        SPARKOPS_HTTPS="1",
-        SPARKOPS_SECRET_KEY="k" * 20 + "production-secret-key-with-enough-entropy-1234567890",
-        SPARKOPS_ALLOWED_HOSTS="sparkops.example.com",
-    )
-    result = subprocess.run(
+PRODUCTION = {
+    "SPARKOPS_HTTPS": "1",
+    "SPARKOPS_DEBUG": "0",
+    "SPARKOPS_SECRET_KEY": "k" * 20 + "production-secret-key-with-enough-entropy-1234567890",
+    "SPARKOPS_ALLOWED_HOSTS": "sparkops.example.com",
+}
+
+
+def _deploy_check(tmp_path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=PROJECT, env=env, capture_output=True, text=True,
+        cwd=PROJECT, env=subprocess_env(SPARKOPS_DATA_DIR=str(tmp_path), **env),
+        capture_output=True, text=True, timeout=120,
     )
 
+
+def test_deploy_checks_report_nothing_with_production_settings(tmp_path):
+    """`manage.py check --deploy` is clean once HTTPS and a real secret key are configured."""
+    result = _deploy_check(tmp_path, **PRODUCTION)
+
     assert result.returncode == 0, result.stderr + result.stdout
+    assert "System check identified no issues (0 silenced)." in result.stdout
+
+
+def test_deploy_checks_do_report_a_site_without_https(tmp_path):
+    """The check above can fail: without HTTPS, Django names the missing protections."""
+    result = _deploy_check(tmp_path, **{**PRODUCTION, "SPARKOPS_HTTPS": "0"})
+
+    assert result.returncode != 0
+    assert "security.W004" in result.stderr and "security.W012" in result.stderr
 
 
 def test_malformed_setting_stops_startup_with_its_name(tmp_path):

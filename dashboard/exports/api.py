@@ -3,7 +3,8 @@
 Access: the export rule (``dashboard.exports.access``: bearer token or allowlisted address; a
 browser session is not enough). Only GET (and HEAD); anything else is 405. Every response is
 JSON. Errors are ``{"error": "<reason>"}``: 400 for a bad query parameter (an unknown name, a
-repeated one, or a value out of range), 404 for an unknown node.
+repeated one, or a value out of range), 404 for an unknown node or any other path under
+``/api/v1/`` (after the access rule, so a refused client learns nothing of what exists).
 
 Conventions: sizes in bytes (``*_bytes``), durations in seconds (``*_seconds``), ratios 0–1
 (``*_ratio``), times as ISO 8601 with their UTC offset. **An unknown value is null**, never 0.
@@ -89,11 +90,12 @@ from django.db.models import Count
 from django.http import HttpRequest, JsonResponse
 from django.urls import reverse
 from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
 
 from collectors.models import Engine, Node
 from dashboard.alerting.models import Alert, AlertState
 from dashboard.engines import engine_card
-from dashboard.exports.access import export_view
+from dashboard.exports.access import export_view, refusal
 from dashboard.exports.figures import (
     HostReading,
     age_seconds,
@@ -103,7 +105,7 @@ from dashboard.exports.figures import (
 )
 from dashboard.restarts.models import Restart
 
-__all__ = ["alerts", "node_engines", "node_ledger", "node_restarts", "nodes"]
+__all__ = ["alerts", "node_engines", "node_ledger", "node_restarts", "nodes", "not_found"]
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
@@ -371,3 +373,20 @@ def node_restarts(request: HttpRequest, node: str) -> dict[str, Any]:
     limit = query.get("limit", DEFAULT_LIMIT)
     return {"node": watched.name, "limit": limit,
             "restarts": [_restart_document(restart) for restart in rows[:limit]]}
+
+
+ENDPOINTS = ("/api/v1/nodes", "/api/v1/nodes/<node>/ledger", "/api/v1/nodes/<node>/engines",
+             "/api/v1/nodes/<node>/restarts", "/api/v1/alerts")
+
+
+@csrf_exempt
+def not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
+    """Any path under ``/api/v1/`` that no endpoint answers: 404 in JSON, whatever the method.
+
+    Clients of a JSON API parse every answer as JSON; Django's own 404 is an HTML page.
+    """
+    response = refusal(request) or JsonResponse(
+        {"error": f"no API endpoint at {request.path}; the endpoints are "
+                  + ", ".join(ENDPOINTS)}, status=404)
+    response["Cache-Control"] = "no-store"
+    return response

@@ -6,7 +6,7 @@ versioned under ``/api/v1/`` so that a future shape change can live beside it.
 
 from __future__ import annotations
 
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, re_path
 
 from dashboard.exports import api, metrics
 
@@ -17,4 +17,6 @@ urlpatterns: list[URLPattern] = [
     path("api/v1/nodes/<slug:node>/engines", api.node_engines, name="api-node-engines"),
     path("api/v1/nodes/<slug:node>/restarts", api.node_restarts, name="api-node-restarts"),
     path("api/v1/alerts", api.alerts, name="api-alerts"),
+    # Last: any other path under the API prefix answers 404 in JSON, not Django's HTML page.
+    re_path(r"^api/v1/(?P<rest>.*)$", api.not_found, name="api-not-found"),
 ]

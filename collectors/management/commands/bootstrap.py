@@ -1,7 +1,9 @@
 """Create the first admin account, once.
 
-The password comes from ``SPARKOPS_ADMIN_PASSWORD`` when set; otherwise a random one is written
-to ``<data dir>/admin-password`` (mode 0600) and its path printed, never the password itself.
+The password comes from ``SPARKOPS_ADMIN_PASSWORD`` when set, and must pass the password
+validators of the settings like any other (else start-up stops with one line saying why);
+otherwise a random one is written to ``<data dir>/admin-password``, created with mode 0600, and
+its path printed, never the password itself.
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ import secrets
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
 
 from collectors.nodes import local_node
+from sparkops.datadir import create_private_file
 
 
 class Command(BaseCommand):
@@ -28,12 +33,19 @@ class Command(BaseCommand):
         username = os.environ.get("SPARKOPS_ADMIN_USER", "admin")
         password = os.environ.get("SPARKOPS_ADMIN_PASSWORD")
         if password:
+            try:
+                validate_password(password, users(username=username))
+            except ValidationError as exc:
+                # CommandError: one line on stderr, exit status 1, no traceback.
+                raise CommandError(
+                    "SPARKOPS_ADMIN_PASSWORD is not accepted: " + " ".join(exc.messages)
+                ) from None
             users.objects.create_superuser(username, "", password)
             self.stdout.write(f"Created admin account {username!r} with SPARKOPS_ADMIN_PASSWORD.")
             return
         password = secrets.token_urlsafe(16)
-        users.objects.create_superuser(username, "", password)
         path = settings.DATA_DIR / "admin-password"
-        path.write_text(password + "\n")
-        path.chmod(0o600)
+        path.unlink(missing_ok=True)  # left by an installation whose database was removed
+        create_private_file(path, password + "\n")
+        users.objects.create_superuser(username, "", password)
         self.stdout.write(f"Created admin account {username!r}; its password is in {path}")

@@ -1,17 +1,22 @@
-"""Run the web server and the Celery worker (with beat) together, and stop them together.
+"""Run the web server and the Celery worker (with beat) together, supervised.
 
 ``bin/sparkops start`` ends here. This command loads Django only to read the settings and run
 the system checks; it then replaces itself (``os.execv``, same pid) with
 ``sparkops/supervise.py``, a plain-Python supervisor that imports nothing of Django or the
-project. If any process exits, the others are stopped and the stack exits non-zero, so a
-supervisor (systemd, a container) sees the failure instead of a half-running stack.
+project. A process that exits is restarted with a growing delay (1 s doubling to 60 s); the
+worker also touches a liveness file in the data directory, and one that stops touching it for
+``SPARKOPS_WORKER_LIVENESS_TIMEOUT`` seconds (stopped, frozen) is killed and restarted. Only a
+process that crashes again and again (five times in five minutes) stops the whole stack, which
+then exits non-zero, so its own supervisor (systemd, a container) sees the failure.
 
 The process model is chosen for memory: every Django process costs about 55–85 MiB resident,
 and the work is I/O bound (sleeps, sockets, SQLite), so the stack runs as few of them as it can:
 
 * **web**: gunicorn, one worker with ``--web-threads`` threads (gthread; static files served
   by WhiteNoise). Each thread has its own database connection, as Django does per thread.
-  ``--web-workers N`` adds processes (each a full copy of Django).
+  ``--web-workers N`` adds processes (each a full copy of Django). gunicorn's control socket is
+  off: its default path is one per user (``~/.gunicorn/gunicorn.ctl``), so two stacks of one
+  user would share it, and one stopping would remove the other's.
 * **worker**: the Celery worker of this node (its queue ``node.<name>`` and the central
   ``sparkops`` queue) with a pool of ``--worker-concurrency`` threads (default 8). A host-memory
   collection holds a slot for most of its 5 s interval and a planned restart for its whole
@@ -42,11 +47,24 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from sparkops import supervise
-from sparkops.celery import node_queue
+from sparkops.celery import worker_queues
 
 SUPERVISOR = Path(supervise.__file__).resolve()
 WORKER_POOLS = ("threads", "prefork")
 DEFAULT_WORKER_CONCURRENCY = {"threads": 8, "prefork": 4}
+# A worker that has not touched its liveness file this long after its start is wedged in its
+# start-up (a Django import on a busy node takes seconds, not minutes).
+LIVENESS_STARTUP_SECONDS = 180.0
+
+
+def liveness_file() -> Path:
+    """The file the stack's worker touches to show it is alive (in the data directory)."""
+    return Path(settings.DATA_DIR) / "worker.alive"
+
+
+def liveness_interval(timeout: float) -> float:
+    """Seconds between two touches: a few per timeout, so one late tick is not a kill."""
+    return min(5.0, timeout / 4)
 
 
 def stack_commands(*, bind: str, node: str, web_workers: int = 1, web_threads: int = 4,
@@ -57,9 +75,12 @@ def stack_commands(*, bind: str, node: str, web_workers: int = 1, web_threads: i
     concurrency = worker_concurrency or DEFAULT_WORKER_CONCURRENCY[worker_pool]
     worker = [
         python, "-m", "celery", "-A", "sparkops.stackworker", "worker", "--loglevel", "INFO",
-        "--queues", f"{node_queue(node)},sparkops", "--hostname", f"{node}@%h",
+        "--queues", ",".join(worker_queues(node)), "--hostname", f"{node}@%h",
         "--pool", worker_pool, "--concurrency", str(concurrency),
         "--without-mingle", "--without-gossip",
+        "--liveness-file", str(liveness_file()),
+        "--liveness-interval",
+        f"{liveness_interval(settings.SPARKOPS_WORKER_LIVENESS_TIMEOUT):g}",
     ]
     if beat:
         worker += ["--beat-thread", "--schedule-filename", settings.CELERY_BEAT_SCHEDULE_FILENAME]
@@ -68,6 +89,7 @@ def stack_commands(*, bind: str, node: str, web_workers: int = 1, web_threads: i
             python, "-m", "gunicorn", "sparkops.wsgi:application", "--bind", bind,
             "--workers", str(web_workers), "--worker-class", "gthread",
             "--threads", str(web_threads), "--access-logfile", "-", "--graceful-timeout", "10",
+            "--no-control-socket",
         ],
         "worker": worker,
     }
@@ -83,11 +105,23 @@ def stack_env(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
     return {"web": threaded, "worker": {**threaded, "CELERY_SKIP_CHECKS": "1"}}
 
 
+def stack_heartbeats() -> dict[str, dict[str, object]]:
+    """The heartbeat the supervisor watches, by process (see ``sparkops/supervise.py``)."""
+    return {"worker": {"path": str(liveness_file()),
+                       "timeout": settings.SPARKOPS_WORKER_LIVENESS_TIMEOUT,
+                       "startup": max(LIVENESS_STARTUP_SECONDS,
+                                      settings.SPARKOPS_WORKER_LIVENESS_TIMEOUT)}}
+
+
 def supervisor_argv(commands: dict[str, list[str]],
-                    env: dict[str, dict[str, str]] | None = None) -> list[str]:
+                    env: dict[str, dict[str, str]] | None = None,
+                    heartbeats: dict[str, dict[str, object]] | None = None) -> list[str]:
     """The command line that runs ``commands`` under ``sparkops/supervise.py``."""
     spec = {"processes": [{"name": name, "argv": argv, "env": (env or {}).get(name, {})}
                           for name, argv in commands.items()]}
+    for entry in spec["processes"]:
+        if entry["name"] in (heartbeats or {}):
+            entry["heartbeat"] = heartbeats[entry["name"]]
     # -P: the script's folder (sparkops/) is not put on sys.path, so nothing there can shadow a
     # module of the standard library.
     return [sys.executable, "-P", str(SUPERVISOR), json.dumps(spec)]
@@ -102,7 +136,7 @@ def _positive(text: str) -> int:
 
 class Command(BaseCommand):
     help = ("Run gunicorn and the Celery worker of this node with beat in it, supervised "
-            "together (see the module's docstring for the process model).")
+            "together: restarted when they crash or fall silent (see the module's docstring).")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--bind", default=settings.SPARKOPS_BIND)
@@ -131,5 +165,5 @@ class Command(BaseCommand):
                           "Ctrl-C stops it.")
         self.stdout.flush()
         sys.stderr.flush()
-        argv = supervisor_argv(commands, env)
+        argv = supervisor_argv(commands, env, stack_heartbeats())
         os.execv(argv[0], argv)
