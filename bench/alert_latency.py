@@ -38,8 +38,9 @@ from datetime import datetime
 
 from bench.meminfo_view import MeminfoView, real_mem_available
 from bench.promstack import HEADROOM_ALERT, Prometheus
-from bench.receiver import Delivery, WebhookReceiver
 from bench.stats import summarize
+from sparkops.testing.ports import wait_for
+from sparkops.testing.webhooks import Received, WebhookReceiver
 
 GIB = 1024**3
 RULE = "prefill-squeeze"
@@ -266,12 +267,13 @@ class AlertLatencyBench:
 
     def run_trial(self, index: int, *, waits_default: bool) -> Trial:
         # Room for the neighbour first: this machine has no swap and may be shared.
-        _wait(lambda: real_mem_available() > self.allocation_bytes + 3 * GIB, 120,
-              "enough free memory for the neighbour")
-        _wait(lambda: not self.sparkops.alert_open(), 120, "SparkOps' alert resolved")
+        wait_for(lambda: real_mem_available() > self.allocation_bytes + 3 * GIB, 120,
+                 "enough free memory for the neighbour", period=0.5)
+        wait_for(lambda: not self.sparkops.alert_open(), 120, "SparkOps' alert resolved",
+                 period=0.5)
         for server in self._servers(waits_default):
-            _wait(lambda s=server: (s.latest_sample_time() or 0) > self._released_at, 90,
-                  f"{server.name} scraped after the last release")
+            wait_for(lambda s=server: (s.latest_sample_time() or 0) > self._released_at, 90,
+                     f"{server.name} scraped after the last release", period=0.5)
         # Calibrate last, just before the allocation, so the threshold is 2 GiB below what
         # MemAvailable is when the neighbour starts.
         need = self.sparkops.prefill_need() or 0
@@ -312,7 +314,7 @@ class AlertLatencyBench:
         if found is None:
             trial.notes.append("no SparkOps webhook in time")
         else:
-            alert = found.body["alert"]
+            alert = found.payload["alert"]
             started = _seconds(alert.get("started_at"))
             fired = _seconds(alert.get("fired_at"))
             timing = StackTiming(latency=found.arrived - t0,
@@ -363,23 +365,16 @@ def _fmt(value: float | None) -> str:
     return "—" if value is None else f"{value:.1f} s"
 
 
-def _wait(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(0.5)
 
-
-def _sparkops_match(delivery: Delivery, t0: float) -> bool:
-    body = delivery.body
+def _sparkops_match(delivery: Received, t0: float) -> bool:
+    body = delivery.payload
     return (delivery.path == SPARKOPS_PATH and delivery.arrived >= t0
             and body.get("type") == "alert.firing"
             and (body.get("alert") or {}).get("rule") == RULE)
 
 
-def _am_alert(delivery: Delivery, stack: str, trial: int) -> dict | None:
-    for alert in delivery.body.get("alerts") or []:
+def _am_alert(delivery: Received, stack: str, trial: int) -> dict | None:
+    for alert in delivery.payload.get("alerts") or []:
         labels = alert.get("labels") or {}
         if (alert.get("status") == "firing" and labels.get("alertname") == HEADROOM_ALERT
                 and labels.get("stack") == stack and labels.get("trial") == str(trial)):
@@ -387,7 +382,7 @@ def _am_alert(delivery: Delivery, stack: str, trial: int) -> dict | None:
     return None
 
 
-def _am_match(delivery: Delivery, path: str, stack: str, trial: int) -> bool:
+def _am_match(delivery: Received, path: str, stack: str, trial: int) -> bool:
     return delivery.path == path and _am_alert(delivery, stack, trial) is not None
 
 

@@ -32,11 +32,9 @@ RANGES = ("1h", "24h", "7d", "30d")
 
 def endpoints(engine: str) -> list[tuple[str, str]]:
     """(label, path) of every JSON endpoint the overview and the engine page poll: the
-    overview's timeline and headroom, the host-memory chart, the engine cards' data and the
-    engine page's series."""
+    overview's timeline and headroom, the engine cards' data and the engine page's series."""
     api = f"/api/nodes/{NODE}"
     found = [(f"timeline.json?range={r}", f"{api}/timeline.json?range={r}") for r in RANGES]
-    found += [(f"memory.json?range={r}", f"{api}/memory.json?range={r}") for r in RANGES]
     found.append(("headroom.json", f"{api}/headroom.json"))
     found.append(("engines.json", f"{api}/engines.json"))
     found += [(f"engine series.json?range={r}", f"{api}/engines/{engine}/series.json?range={r}")

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from bench.services import PROJECT, Podman, free_port, http_ok, wait_for
+from bench.services import PROJECT, Podman, http_ok
+from sparkops.testing.ports import free_port, wait_for
 
 VLLM = str(PROJECT / "collectors" / "emulator" / "bin" / "vllm")
 PREFILL_LABEL = "sparkops.prefill-bytes-per-token"

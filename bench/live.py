@@ -33,9 +33,10 @@ from bench.footprint import FootprintSampler
 from bench.meminfo_view import MeminfoView
 from bench.profiles import PROFILES, Profile
 from bench.promstack import Alertmanager, NodeExporter, Prometheus
-from bench.receiver import WebhookReceiver
-from bench.services import Podman, wait_for
+from bench.services import Podman
 from bench.sparkops_stack import OverviewTab, SparkOpsStack, prepare, setup_django, stack_env
+from sparkops.testing.ports import wait_for
+from sparkops.testing.webhooks import WebhookReceiver
 
 NODE = "bench"
 INTERVAL = 5.0  # SparkOps' default SPARKOPS_COLLECT_INTERVAL

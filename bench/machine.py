@@ -10,7 +10,8 @@ from importlib import metadata
 from pathlib import Path
 
 from bench import promstack
-from bench.services import PROJECT, postgres_version
+from bench.services import PROJECT
+from sparkops.testing.postgres import postgres_version
 
 
 def _cpu_model() -> str:

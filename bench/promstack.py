@@ -26,7 +26,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.services import Child, free_port, http_ok, wait_for
+from bench.services import Child, http_ok
+from sparkops.testing.ports import free_port, wait_for
 
 PROMETHEUS = "prometheus"
 NODE_EXPORTER = "prometheus-node-exporter"

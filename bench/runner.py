@@ -27,7 +27,8 @@ from pathlib import Path
 
 from bench import machine, report
 from bench.profiles import PROFILES, Profile
-from bench.services import PODMAN_STORAGE_ENV, PROJECT, podman_service, postgres_server
+from bench.services import PODMAN_STORAGE_ENV, PROJECT, podman_service
+from sparkops.testing.postgres import postgres_server
 
 BENCH = PROJECT / "bench"
 PHASES = ("live", "cost", "sqlite", "postgresql")
@@ -160,7 +161,8 @@ def main() -> None:
                      "sequential": args.sequential, "phases": {}}
     print(f"SparkOps benchmarks ({profile.name}) on {results['machine']['cpu']}, "
           f"{results['machine']['cores']} cores; scratch in {workdir}", flush=True)
-    with podman_service() as (podman, docker_host), postgres_server() as database_url:
+    with (podman_service() as (podman, docker_host),
+          postgres_server("sparkops-bench-pg-") as database_url):
         env = {**os.environ, PODMAN_STORAGE_ENV: str(podman.storage),
                "SPARKOPS_DOCKER_HOST": docker_host, "PYTHONUNBUFFERED": "1"}
         generation = Generation([b for b in ("sqlite", "postgresql") if b in phases], profile,

@@ -1,5 +1,6 @@
-"""The real servers a benchmark runs: child processes, a private PostgreSQL, a private Podman
-(:mod:`collectors.podman`).
+"""The real servers a benchmark runs: child processes and a private Podman
+(:mod:`collectors.podman`). The private PostgreSQL, free ports, polling and the webhook
+receiver come from :mod:`sparkops.testing`, which the test suite uses too.
 
 Everything listens on 127.0.0.1 only, lives in a temporary directory of its own and is stopped
 by the process id it was started with (never by name), so a benchmark can run next to a test
@@ -11,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,21 +24,6 @@ from pathlib import Path
 from collectors.podman import PodmanError, PrivatePodman
 
 PROJECT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(condition, timeout: float, what: str, period: float = 0.1) -> None:
-    """Poll ``condition()`` until it is true; raise TimeoutError naming ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached within {timeout:.0f} s")
-        time.sleep(period)
 
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:
@@ -96,56 +81,6 @@ class Child:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
-
-
-# --- PostgreSQL -----------------------------------------------------------------------------
-
-
-def _pg_bin(name: str) -> str:
-    candidates = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
-    if not candidates:
-        raise RuntimeError("PostgreSQL server binaries are missing (Debian package postgresql)")
-    return str(candidates[-1])
-
-
-def postgres_version() -> str:
-    try:
-        out = subprocess.run([_pg_bin("postgres"), "--version"], capture_output=True, text=True)
-    except RuntimeError:
-        return "not installed"
-    return out.stdout.strip().removeprefix("postgres (PostgreSQL) ")
-
-
-@contextmanager
-def postgres_server() -> Iterator[str]:
-    """A private PostgreSQL cluster on a free loopback port; yields the URL of database
-    ``sparkops``. As root the cluster belongs to the ``postgres`` user (initdb refuses root).
-
-    Server settings are the defaults except ``fsync=off`` (the data is thrown away afterwards;
-    fsync changes write speed, not the sizes or read latencies measured here).
-    """
-    top = Path(tempfile.mkdtemp(prefix="sparkops-bench-pg-"))
-    datadir = top / "data"
-    datadir.mkdir()
-    as_user: list[str] = []
-    if os.geteuid() == 0:
-        shutil.chown(top, "postgres")
-        shutil.chown(datadir, "postgres")
-        as_user = ["runuser", "-u", "postgres", "--"]
-    port = free_port()
-    subprocess.run([*as_user, _pg_bin("initdb"), "-D", str(datadir), "-A", "trust", "-U",
-                    "postgres", "--no-sync"], check=True, stdout=subprocess.DEVNULL)
-    options = f"-p {port} -k {datadir} -c listen_addresses=127.0.0.1 -c fsync=off"
-    subprocess.run([*as_user, _pg_bin("pg_ctl"), "-D", str(datadir), "-o", options, "-w", "-l",
-                    str(datadir / "log"), "start"], check=True, stdout=subprocess.DEVNULL)
-    try:
-        subprocess.run([*as_user, _pg_bin("createdb"), "-h", "127.0.0.1", "-p", str(port), "-U",
-                        "postgres", "sparkops"], check=True)
-        yield f"postgresql://postgres@127.0.0.1:{port}/sparkops"
-    finally:
-        subprocess.run([*as_user, _pg_bin("pg_ctl"), "-D", str(datadir), "-m", "immediate",
-                        "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        shutil.rmtree(top, ignore_errors=True)
 
 
 # --- Podman ---------------------------------------------------------------------------------

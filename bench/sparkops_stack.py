@@ -17,7 +17,8 @@ from pathlib import Path
 
 import requests
 
-from bench.services import PROJECT, Child, free_port, http_ok, wait_for
+from bench.services import PROJECT, Child, http_ok
+from sparkops.testing.ports import free_port, wait_for
 
 ADMIN_USER = "admin"
 ADMIN_PASSWORD = "bench-admin-password-not-secret"

@@ -28,7 +28,6 @@ import docker.errors
 import requests.exceptions
 
 from collectors.procfs import container_cgroups, process_start_time
-from collectors.redaction import mask_env
 
 ENGINE_LABEL = "sparkops.engine"
 URL_LABEL = "sparkops.url"
@@ -264,11 +263,6 @@ def _memory_usage(engine: docker.DockerClient, container_id: str) -> int | None:
         return None
     usage = (stats.get("memory_stats") or {}).get("usage")
     return int(usage) if usage is not None else None
-
-
-def masked_env(env: dict[str, str]) -> dict[str, str]:
-    """The environment with secrets hidden (``collectors.redaction.mask_env``)."""
-    return mask_env(env)
 
 
 def parse_docker_time(value: str | None) -> datetime | None:

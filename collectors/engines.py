@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import docker
 from django.db import transaction
@@ -32,10 +33,10 @@ from collectors.docker_api import (
     metrics_base_url,
     read_logs,
 )
-from collectors.modelconfig import activation_bytes_per_token, read_model_config
+from collectors.modelconfig import activation_bytes_per_token, read_container_model_config
 from collectors.models import Engine, EngineMetric, EngineSample, Event, Node
-from collectors.nvml import GpuReport, container_ids_for_pids, processes_by_container
-from collectors.procfs import inode_seen_by_process
+from collectors.nvml import GpuReport, processes_by_container
+from collectors.procfs import container_ids_for_pids, inode_seen_by_process
 from collectors.redaction import mask_command, mask_env, mask_text
 from collectors.vllm.findings import MountCheck, check_config
 from collectors.vllm.flags import EngineConfig, FlagError, parse_command_line
@@ -51,6 +52,8 @@ log = logging.getLogger(__name__)
 LOG_REFRESH = timedelta(seconds=60)
 SCRAPE_DEADLINE_SECONDS = 4.0
 SETTLED_PHASES = {"ready", "failed"}
+# A container whose config.json was not found is looked into again after this long.
+MODEL_CONFIG_RETRY = timedelta(minutes=10)
 
 
 @dataclass
@@ -95,11 +98,10 @@ def collect_engines(
     present, samples, events = [], [], []
     for container in containers:
         config, config_error = configs[container.id]
-        engine, changed = _update_engine(
-            node, api, known.get(container.name), container, config, config_error,
-            urls[container.id], outcomes.get(container.id), gpu_by_container.get(container.id),
-            now, proc_root, samples, events,
-        )
+        seen = _Seen(container, config, config_error, urls[container.id],
+                     outcomes.get(container.id), gpu_by_container.get(container.id))
+        engine, changed = _update_engine(node, api, known.get(container.name), seen, now,
+                                         proc_root, samples, events)
         present.append((engine, changed))
     with transaction.atomic():
         for engine, changed in present:
@@ -157,30 +159,32 @@ def _identity(container_id: str, started_at: datetime | None) -> str:
 # What a collection sets on an engine's row; of these only the changed ones are written.
 _COLLECTED_FIELDS = (
     "container_id", "image", "container_state", "phase", "started_at", "restart_count",
-    "exit_code", "command", "labels", "env", "model_bytes_per_token", "config", "config_error",
-    "findings", "metrics_url", "memory_usage_bytes", "gpu_memory_bytes", "present", "last_seen",
-    "startup", "logs_read_at", "last_scrape_at", "last_scrape_error", "last_scrape_ok_at",
-    "metrics", "rates",
+    "exit_code", "command", "labels", "env", "model_bytes_per_token", "model_config", "config",
+    "config_error", "findings", "metrics_url", "memory_usage_bytes", "gpu_memory_bytes",
+    "present", "last_seen", "startup", "logs_read_at", "last_scrape_at", "last_scrape_error",
+    "last_scrape_ok_at", "metrics", "rates",
 )
 
 
-def _update_engine(
-    node: Node,
-    api: docker.DockerClient,
-    engine: Engine | None,
-    container: EngineContainer,
-    config: EngineConfig | None,
-    config_error: str,
-    url: str | None,
-    outcome: ScrapeOutcome | None,
-    gpu_memory: int | None,
-    now: datetime,
-    proc_root: Path,
-    samples: list[EngineSample],
-    events: list[Event],
-) -> tuple[Engine, list[str]]:
+@dataclass(frozen=True)
+class _Seen:
+    """What one collection saw of one container: its parsed flags (or why not), its
+    ``/metrics`` address and scrape, and its GPU memory."""
+
+    container: EngineContainer
+    config: EngineConfig | None
+    config_error: str
+    url: str | None
+    outcome: ScrapeOutcome | None
+    gpu_memory: int | None
+
+
+def _update_engine(node: Node, api: docker.DockerClient, engine: Engine | None, seen: _Seen,
+                   now: datetime, proc_root: Path, samples: list[EngineSample],
+                   events: list[Event]) -> tuple[Engine, list[str]]:
     """Fold the container's state into its engine (created when new); add its samples and
     events to the lists. Returns the engine and the names of the fields to write."""
+    container = seen.container
     created = engine is None
     if engine is None:
         engine, created = Engine.objects.get_or_create(
@@ -191,23 +195,7 @@ def _update_engine(
     before = {name: getattr(engine, name) for name in _COLLECTED_FIELDS}
     identity = _identity(container.id, container.started_at)
     restarted = not created and identity != _identity(engine.container_id, engine.started_at)
-    if created:
-        events.append(_event(engine, now, "engine-discovered", "info",
-                             f"Engine {container.name} discovered ({container.state})."))
-    elif restarted:
-        events.append(_event(engine, now, "engine-restarted", "warning",
-                             f"Engine {container.name} restarted (started "
-                             f"{container.started_at:%Y-%m-%d %H:%M:%S} UTC); counters reset."
-                             if container.started_at else
-                             f"Engine {container.name} was recreated or restarted."))
-    elif not engine.present:
-        events.append(_event(engine, now, "engine-discovered", "info",
-                             f"Engine {container.name} is back."))
-    elif engine.container_state == "running" and not container.running:
-        events.append(_event(engine, now, "engine-exited", "warning",
-                             f"Engine {container.name} stopped: container {container.state}, "
-                             f"exit code {container.exit_code}"
-                             f"{' (killed by the OOM killer)' if container.oom_killed else ''}."))
+    events += _lifecycle_events(engine, container, now, created=created, restarted=restarted)
 
     startup = _read_startup(api, engine, container, restarted or created, now)
     known_startup = startup or (StartupLog.from_dict(engine.startup) if engine.startup else None)
@@ -215,14 +203,61 @@ def _update_engine(
     if phase != engine.phase and not created:
         events.append(_event(engine, now, "phase-change", "info",
                              f"{container.name}: {engine.phase} → {phase}"))
+    engine.findings = _findings(seen, known_startup, _mount_checks(container, proc_root))
+    engine.model_config = refreshed_model_config(
+        engine.model_config or {}, container, seen.config.model if seen.config else None,
+        proc_root, now)
+    _copy_container(engine, seen, phase, now)
+    if startup is not None:
+        engine.startup = startup.as_dict()
+        engine.logs_read_at = now
 
-    mounts = _mount_checks(container, proc_root)
-    findings = [f.as_dict() for f in check_config(config, log=known_startup, mounts=mounts)] \
-        if config else []
-    if config_error:
+    samples += _container_samples(engine, now)
+    if seen.outcome is not None:
+        events += _apply_scrape(engine, seen.outcome, identity, now, samples)
+    changed = [name for name, value in before.items()
+               if getattr(engine, name) != value or type(getattr(engine, name)) is not type(value)]
+    return engine, changed
+
+
+def _lifecycle_events(engine: Engine, container: EngineContainer, now: datetime, *,
+                      created: bool, restarted: bool) -> list[Event]:
+    """The event a collection writes when the engine is new, restarted, back or stopped."""
+    if created:
+        return [_event(engine, now, "engine-discovered", "info",
+                       f"Engine {container.name} discovered ({container.state}).")]
+    if restarted:
+        return [_event(engine, now, "engine-restarted", "warning",
+                       f"Engine {container.name} restarted (started "
+                       f"{container.started_at:%Y-%m-%d %H:%M:%S} UTC); counters reset."
+                       if container.started_at else
+                       f"Engine {container.name} was recreated or restarted.")]
+    if not engine.present:
+        return [_event(engine, now, "engine-discovered", "info",
+                       f"Engine {container.name} is back.")]
+    if engine.container_state == "running" and not container.running:
+        return [_event(engine, now, "engine-exited", "warning",
+                       f"Engine {container.name} stopped: container {container.state}, "
+                       f"exit code {container.exit_code}"
+                       f"{' (killed by the OOM killer)' if container.oom_killed else ''}.")]
+    return []
+
+
+def _findings(seen: _Seen, startup: StartupLog | None, mounts: list[MountCheck]
+              ) -> list[dict[str, str]]:
+    """The configuration findings, led by the reason the flags could not be read, if any."""
+    findings = [f.as_dict() for f in check_config(seen.config, log=startup, mounts=mounts)] \
+        if seen.config else []
+    if seen.config_error:
         findings.insert(0, {"code": "unparseable-flags", "severity": "error",
-                            "message": f"SparkOps cannot read the launch flags: {config_error}"})
+                            "message": "SparkOps cannot read the launch flags: "
+                                       f"{seen.config_error}"})
+    return findings
 
+
+def _copy_container(engine: Engine, seen: _Seen, phase: str, now: datetime) -> None:
+    """Set what the container engine and the scrape address say on the engine's row."""
+    container = seen.container
     engine.container_id = container.id
     engine.image = container.image
     engine.container_state = container.state
@@ -234,26 +269,15 @@ def _update_engine(
     engine.command = mask_command(container.command)
     engine.labels = mask_env(container.labels)
     engine.env = mask_env(container.env)
-    engine.model_bytes_per_token = _model_bytes_per_token(container, config, proc_root) \
+    engine.model_bytes_per_token = _model_bytes_per_token(seen.config, engine.model_config) \
         or engine.model_bytes_per_token
-    engine.config = config.as_dict() if config else {}
-    engine.config_error = config_error
-    engine.findings = findings
-    engine.metrics_url = url or ""
+    engine.config = seen.config.as_dict() if seen.config else {}
+    engine.config_error = seen.config_error
+    engine.metrics_url = seen.url or ""
     engine.memory_usage_bytes = container.memory_usage_bytes
-    engine.gpu_memory_bytes = gpu_memory
+    engine.gpu_memory_bytes = seen.gpu_memory
     engine.present = True
     engine.last_seen = now
-    if startup is not None:
-        engine.startup = startup.as_dict()
-        engine.logs_read_at = now
-
-    samples += _container_samples(engine, now)
-    if outcome is not None:
-        events += _apply_scrape(engine, outcome, identity, now, samples)
-    changed = [name for name, value in before.items()
-               if getattr(engine, name) != value or type(getattr(engine, name)) is not type(value)]
-    return engine, changed
 
 
 @dataclass
@@ -329,16 +353,36 @@ def _phase(container: EngineContainer, startup: StartupLog | None, previous: str
     return "stopped"
 
 
-def _model_bytes_per_token(container: EngineContainer, config: EngineConfig | None,
-                           proc_root: Path) -> int | None:
-    """Activation bytes per batched token from the model's config.json, when the engine was
-    started from a local model directory we can see into (through /proc/<pid>/root)."""
-    if not (container.running and container.pid and config and config.model
-            and config.model.startswith("/")):
+def refreshed_model_config(stored: dict[str, Any], container: EngineContainer,
+                           model: str | None, proc_root: Path, now: datetime) -> dict[str, Any]:
+    """What ``Engine.model_config`` becomes at this collection: ``stored`` (the row's value),
+    or the model's config.json read anew inside the running container.
+
+    Read once per container start (again every :data:`MODEL_CONFIG_RETRY` while none was
+    found); what was read last is kept while the container is stopped.
+    """
+    identity = _identity(container.id, container.started_at)
+    if not container.running:
+        return stored
+    if stored.get("identity") == identity:
+        read_at = stored.get("read_at")
+        if stored.get("config") is not None or (
+                read_at and now - datetime.fromisoformat(read_at) < MODEL_CONFIG_RETRY):
+            return stored
+    # The unmasked environment only locates the hub cache; it is not stored.
+    config, source = read_container_model_config(model, container.env or {},
+                                                 container.pid or None, proc_root)
+    return {"config": config, "source": source, "identity": identity,
+            "read_at": now.isoformat()}
+
+
+def _model_bytes_per_token(config: EngineConfig | None, model_config: dict[str, Any]
+                           ) -> int | None:
+    """Activation bytes per batched token from the model's config.json, for an engine started
+    from a local model directory (a hub model's estimate is left to the admin's setting)."""
+    if not (config and config.model and config.model.startswith("/")):
         return None
-    return activation_bytes_per_token(
-        read_model_config(proc_root / str(container.pid) / "root" / config.model.lstrip("/"))
-    )
+    return activation_bytes_per_token(model_config.get("config"))
 
 
 def _mount_checks(container: EngineContainer, proc_root: Path) -> list[MountCheck]:

@@ -17,12 +17,12 @@ import psutil
 from django.conf import settings
 
 from collectors.models import Engine, LedgerChange, Node
-from collectors.nvml import container_ids_for_pids
 from collectors.processes import ProcessGroup, memory_by_process_name
+from collectors.procfs import container_ids_for_pids
+from sparkops.units import GIB
 
-GIB = 1024**3
-# On GB10 vLLM keeps the small scheduler tier: 2048 batched tokens unless the flag says otherwise
-# (ENGINES.md §4).
+# On GB10 (compute capability 12.1) vLLM 0.33 keeps the small scheduler tier of
+# EngineArgs.get_batch_defaults: 2048 batched tokens unless the flag says otherwise.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 PREFILL_LABEL = "sparkops.prefill-bytes-per-token"
 TOP_PROCESSES = 8
@@ -105,7 +105,8 @@ def engine_share(engine: Engine) -> EngineShare:
     kv_pool = snapshot.get("kv_cache_memory_bytes") or _gib_to_bytes(startup.get("kv_cache_gib")) \
         or (engine.config or {}).get("kv_cache_memory_bytes")
     graphs = startup.get("cuda_graph_gib")
-    # GB10's profiler can report negative graph memory (ENGINES.md §4): it holds none then.
+    # On GB10 vLLM's profiler can report negative CUDA-graph memory (`Estimated CUDA graph
+    # memory` a few GiB below zero): the graphs hold none then.
     cuda_graphs = None if graphs is None else max(_gib_to_bytes(graphs) or 0, 0)
     actual_candidates = [v for v in (engine.gpu_memory_bytes, engine.memory_usage_bytes)
                          if v is not None]

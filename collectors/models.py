@@ -154,7 +154,7 @@ class Engine(models.Model):
     startup = models.JSONField(default=dict)  # what the startup log told (collectors.vllm.logs)
     findings = models.JSONField(default=list)  # [{code, severity, message}]
     labels = models.JSONField(default=dict)  # container labels (sparkops.* settings live here)
-    # The container's environment, secrets masked (collectors.docker_api.masked_env).
+    # The container's environment, secrets masked (collectors.redaction.mask_env).
     env = models.JSONField(default=dict)
     # SparkOps may stop and start this container: set by an admin, or by the container label
     # ``sparkops.manage=true``. Nothing else is ever touched.
@@ -172,6 +172,10 @@ class Engine(models.Model):
     # the model's config.json; and the largest host-memory dip seen while it alone prefilled.
     prefill_bytes_per_token = models.PositiveIntegerField(null=True, blank=True)
     model_bytes_per_token = models.PositiveIntegerField(null=True, blank=True)
+    # The model's config.json as the container serves it, read on the node by its collector
+    # (collectors.modelconfig): {"config": {...} or None, "source": where found or why not,
+    # "identity": the container start it was read for}. Pages read it from here.
+    model_config = models.JSONField(default=dict)
     prefill_observed_bytes = models.BigIntegerField(null=True, blank=True)
     prefill_observed_at = models.DateTimeField(null=True, blank=True)
     present = models.BooleanField(default=True)

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -581,63 +580,6 @@ def _host_memory_bytes() -> int | None:
         return None
 
 
-# --- processes to containers -------------------------------------------------------------------
-
-# A cgroup path segment naming a Docker or Podman container: "docker-<id>.scope" (systemd
-# driver), "libpod-<id>.scope" / "libpod-<id>" (Podman, systemd or cgroupfs driver), or a bare
-# "<id>" directly under "docker" (Docker's cgroupfs driver). "libpod-conmon-<id>.scope" holds
-# Podman's monitor process, not the container, so it does not match.
-_CONTAINER_SEGMENT = re.compile(r"^(?:docker-|libpod-)([0-9a-f]{64})(?:\.scope)?$")
-_BARE_ID = re.compile(r"^[0-9a-f]{64}$")
-
-
-def container_id_for_pid(pid: int, procfs: str | os.PathLike[str] = "/proc") -> str | None:
-    """The 64-hex Docker/Podman container id that `pid` runs in, or None.
-
-    Reads `<procfs>/<pid>/cgroup`. Returns None for a process outside any Docker or Podman
-    container (a host process, a Kubernetes/containerd one), for a PID that has exited, and for
-    an unreadable file. For nested containers the outermost id is returned, because that is
-    the one the host's container engine knows.
-
-    Only meaningful from the host PID namespace: NVML reports host PIDs, and inside a container
-    `/proc/<pid>` names a different process or none at all.
-    """
-    try:
-        with open(os.path.join(procfs, str(pid), "cgroup")) as file:
-            text = file.read()
-    except OSError:
-        return None
-    if "docker" not in text and "libpod" not in text:
-        return None  # every form _container_id_in_path knows names one of them
-    for line in text.splitlines():
-        # "hierarchy-id:controllers:path"; the path itself may contain ':'.
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        found = _container_id_in_path(parts[2])
-        if found is not None:
-            return found
-    return None
-
-
-def _container_id_in_path(path: str) -> str | None:
-    segments = [s for s in path.split("/") if s]
-    for position, segment in enumerate(segments):
-        match = _CONTAINER_SEGMENT.match(segment)
-        if match:
-            return match.group(1)
-        if _BARE_ID.match(segment) and position > 0 and segments[position - 1] == "docker":
-            return segment
-    return None
-
-
-def container_ids_for_pids(
-    pids: Iterable[int], procfs: str | os.PathLike[str] = "/proc"
-) -> dict[int, str | None]:
-    """`container_id_for_pid` for each PID (e.g. `report.pids()`)."""
-    return {pid: container_id_for_pid(pid, procfs) for pid in pids}
-
-
 @dataclass(frozen=True)
 class ContainerGpuUse:
     """The GPU processes of one container (`container_id` None: not in any known container).
@@ -662,8 +604,8 @@ def processes_by_container(
 ) -> dict[str | None, ContainerGpuUse]:
     """Group the report's GPU processes by container.
 
-    `container_for_pid` maps PID -> container id (e.g. from `container_ids_for_pids`); a PID
-    missing from it, or mapped to None, lands under the None key.
+    `container_for_pid` maps PID -> container id (e.g. from `procfs.container_ids_for_pids`); a
+    PID missing from it, or mapped to None, lands under the None key.
     """
     grouped: dict[str | None, list[tuple[int, GpuProcess]]] = {}
     for device in report.devices:

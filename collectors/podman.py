@@ -30,6 +30,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from collectors.procfs import cgroup_entries
+
 RUNTIME_FLAGS = ["--runtime", "runc", "--cgroup-manager", "cgroupfs"]
 CONTAINER_ID = re.compile(r"^[0-9a-f]{64}$")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -135,12 +137,14 @@ class PrivatePodman:
             try:
                 if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
                     continue  # exited, waiting to be reaped: holds nothing
-                cgroups = (entry / "cgroup").read_text()
                 argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
                     errors="replace")
             except (OSError, IndexError):
                 continue  # gone meanwhile
-            if any(mark in cgroups for mark in marks) or base in argv:
+            cgroups = cgroup_entries(int(entry.name))
+            if cgroups is None:
+                continue  # gone meanwhile
+            if any(mark in cgroup.path for cgroup in cgroups for mark in marks) or base in argv:
                 found.append(int(entry.name))
         return sorted(found)
 

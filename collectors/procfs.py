@@ -1,4 +1,5 @@
-"""The one seam to the kernel's /proc: host memory, and what a process's entry tells.
+"""The one seam to the kernel's /proc: host memory, and what a process's entry tells (its start
+time, what it sees through its mount namespace, its cgroups and so its container).
 
 Every read of ``/proc/meminfo`` and ``/proc/pressure/memory`` goes through :class:`Procfs`, whose
 root is configurable (``SPARKOPS_PROCFS``) so tests can point it at fixture files, as
@@ -7,6 +8,9 @@ node_exporter's ``--path.procfs`` does.
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +48,15 @@ class Procfs:
             return None
 
 
+def process_root(pid: int, proc_root: Path = Path("/proc")) -> Path:
+    """``/proc/<pid>/root``: the process's file system as it sees it (a container's own root).
+
+    Looking through it needs the host PID namespace and the right to look into that process
+    (root); reads below it fail with OSError otherwise.
+    """
+    return proc_root / str(pid) / "root"
+
+
 def inode_seen_by_process(pid: int, path: str, proc_root: Path = Path("/proc")) -> int | None:
     """The inode of ``path`` as the process ``pid`` sees it (through its mount namespace).
 
@@ -67,25 +80,115 @@ def process_start_time(pid: int, proc_root: Path = Path("/proc")) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
+# --- /proc/<pid>/cgroup ------------------------------------------------------------------------
+
+# A cgroup path segment naming a Docker or Podman container: "docker-<id>.scope" (systemd
+# driver), "libpod-<id>.scope" / "libpod-<id>" (Podman, systemd or cgroupfs driver), or a bare
+# "<id>" directly under "docker" (Docker's cgroupfs driver). "libpod-conmon-<id>.scope" holds
+# Podman's monitor process, not the container, so it does not match.
+_CONTAINER_SEGMENT = re.compile(r"^(?:docker-|libpod-)([0-9a-f]{64})(?:\.scope)?$")
+_BARE_ID = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class CgroupEntry:
+    """One line of ``/proc/<pid>/cgroup``: ``hierarchy-id:controllers:path``.
+
+    ``controllers`` is empty for the unified (cgroup v2) hierarchy; ``path`` is relative to the
+    reader's cgroup namespace and may itself contain ':'.
+    """
+
+    hierarchy: str
+    controllers: tuple[str, ...]
+    path: str
+
+    @property
+    def segments(self) -> list[str]:
+        """The path's non-empty parts, outermost first."""
+        return [segment for segment in self.path.split("/") if segment]
+
+
+def parse_cgroup(text: str) -> list[CgroupEntry]:
+    """The entries of a ``/proc/<pid>/cgroup`` file; malformed lines are skipped."""
+    entries = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        controllers = tuple(parts[1].split(",")) if parts[1] else ()
+        entries.append(CgroupEntry(parts[0], controllers, parts[2]))
+    return entries
+
+
+def cgroup_entries(pid: int, proc_root: str | os.PathLike[str] = "/proc"
+                   ) -> list[CgroupEntry] | None:
+    """The cgroups of process ``pid``; None when it has exited or its file is unreadable."""
+    text = _cgroup_text(pid, proc_root)
+    return None if text is None else parse_cgroup(text)
+
+
+def _cgroup_text(pid: int, proc_root: str | os.PathLike[str]) -> str | None:
+    try:
+        return (Path(proc_root) / str(pid) / "cgroup").read_text()
+    except OSError:
+        return None
+
+
+def container_id_in_cgroup_path(path: str) -> str | None:
+    """The 64-hex Docker/Podman container id a cgroup path names, outermost first; None when
+    the path is no Docker or Podman container's."""
+    segments = [s for s in path.split("/") if s]
+    for position, segment in enumerate(segments):
+        match = _CONTAINER_SEGMENT.match(segment)
+        if match:
+            return match.group(1)
+        if _BARE_ID.match(segment) and position > 0 and segments[position - 1] == "docker":
+            return segment
+    return None
+
+
+def container_id_for_pid(pid: int, proc_root: str | os.PathLike[str] = "/proc") -> str | None:
+    """The 64-hex Docker/Podman container id that ``pid`` runs in, or None.
+
+    Returns None for a process outside any Docker or Podman container (a host process, a
+    Kubernetes/containerd one), for a PID that has exited, and for an unreadable file. For
+    nested containers the outermost id is returned, because that is the one the host's
+    container engine knows.
+
+    Only meaningful from the host PID namespace: NVML reports host PIDs, and inside a container
+    ``/proc/<pid>`` names a different process or none at all.
+    """
+    text = _cgroup_text(pid, proc_root)
+    if text is None or ("docker" not in text and "libpod" not in text):
+        return None  # every form container_id_in_cgroup_path knows names one of them
+    for entry in parse_cgroup(text):
+        found = container_id_in_cgroup_path(entry.path)
+        if found is not None:
+            return found
+    return None
+
+
+def container_ids_for_pids(pids: Iterable[int], proc_root: str | os.PathLike[str] = "/proc"
+                           ) -> dict[int, str | None]:
+    """:func:`container_id_for_pid` for each PID (e.g. a GPU report's ``pids()``)."""
+    return {pid: container_id_for_pid(pid, proc_root) for pid in pids}
+
+
 def container_cgroups(pid: int, container_id: str, proc_root: Path = Path("/proc")
                       ) -> dict[str, str] | None:
     """controller ("" for the unified hierarchy) -> the cgroup path of the container itself,
     from ``/proc/<pid>/cgroup``; None unless the process is really in ``container_id``'s cgroup
     (from another PID namespace the PID names some other process)."""
-    try:
-        text = (proc_root / str(pid) / "cgroup").read_text()
-    except OSError:
+    entries = cgroup_entries(pid, proc_root)
+    if entries is None:
         return None
     paths: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        segments = [s for s in parts[2].split("/") if s]
+    for entry in entries:
+        segments = entry.segments
         # The container's cgroup is the one named after it; its processes may sit below it.
         mine = next((i for i, s in enumerate(segments) if container_id in s), None)
         if mine is None or ".." in segments[:mine]:
             continue
-        for controller in parts[1].split(",") if parts[1] else [""]:
+        for controller in entry.controllers or ("",):
             paths[controller] = "/".join(segments[:mine + 1])
     return paths or None

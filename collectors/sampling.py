@@ -96,3 +96,10 @@ def window_seconds(interval: float) -> float:
     return max(interval - 0.25, interval * 0.5)
 
 
+
+
+def stale_after(interval: float) -> float:
+    """Seconds after which a node's latest collection no longer describes it: three missed
+    intervals plus scheduling slack. Past it the worker or beat is not running, and a figure
+    from that collection is too old to show as current or to act on."""
+    return 3 * interval + 5

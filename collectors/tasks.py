@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from celery import current_app, shared_task
+from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
@@ -18,9 +18,10 @@ from collectors.nodes import local_node, local_procfs
 from collectors.nvml import read_gpus
 from collectors.retention import prune_node, rollup_node
 from collectors.sampling import window_seconds
+from collectors.signals import collection_finished
+from sparkops.celery import COLLECT_ENGINES, COLLECT_HOST_MEMORY, PRUNE_SAMPLES, ROLLUP_SAMPLES
 
 log = logging.getLogger(__name__)
-EVALUATE_ALERTS_TASK = "dashboard.alerting.tasks.evaluate_alerts"
 
 
 class WrongNodeError(RuntimeError):
@@ -35,7 +36,7 @@ def _require_local(node_name: str) -> None:
         )
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=COLLECT_HOST_MEMORY, ignore_result=True)
 def collect_host_memory(node_name: str) -> int:
     """Watch this node's memory for one interval and store it; returns the collection id."""
     _require_local(node_name)
@@ -50,20 +51,30 @@ def collect_host_memory(node_name: str) -> int:
         update_ledger(node, window_figures(window), collection.at)
     else:
         log.warning("host memory collection failed on %s: %s", node_name, collection.error)
-    # Alerts are evaluated centrally, after every collection (by task name: the collectors do
-    # not depend on the dashboard).
-    current_app.send_task(EVALUATE_ALERTS_TASK, args=(node_name,), queue="sparkops",
-                          expires=settings.SPARKOPS_COLLECT_INTERVAL * 2)
+    _announce(node_name, collection.id, collection.ok)
     return collection.id
 
 
-@shared_task(ignore_result=True)
+def _announce(node_name: str, collection_id: int, ok: bool) -> None:
+    """Tell whoever listens that a collection is stored (alert evaluation queues itself).
+
+    A receiver that fails is logged and does not fail the collection, which is stored already.
+    """
+    replies = collection_finished.send_robust(sender=collect_host_memory, node_name=node_name,
+                                              collection_id=collection_id, ok=ok)
+    for receiver, reply in replies:
+        if isinstance(reply, Exception):
+            log.error("after the collection on %s, %r failed: %s", node_name, receiver, reply,
+                      exc_info=reply)
+
+
+@shared_task(name=ROLLUP_SAMPLES, ignore_result=True)
 def rollup_samples() -> int:
     now = timezone.now()
     return sum(rollup_node(node, now) for node in Node.objects.all())
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=PRUNE_SAMPLES, ignore_result=True)
 def prune_samples() -> None:
     now = timezone.now()
     for node in Node.objects.all():
@@ -73,7 +84,7 @@ def prune_samples() -> None:
         log.info("pruned %s: %s", node.name, result)
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=COLLECT_ENGINES, ignore_result=True)
 def collect_engines(node_name: str) -> int:
     """Discover this node's engines, read GPUs, scrape metrics; returns engines present."""
     _require_local(node_name)

@@ -1,5 +1,7 @@
-"""What the pages show about engines: cards for the overview, series for the engine page, its
-restart history, and the units people read (GiB, tok/s, durations).
+"""What the pages show about engines: cards for the overview (each one
+``collectors.enginecard.engine_card``, which the JSON API shares), series for the engine page, its
+restart history, and durations as people read them (GiB and tok/s are written by
+``sparkops.units``).
 
 Every figure is None when unknown; templates and JSON show "unknown", never 0.
 """
@@ -8,28 +10,13 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from collectors.enginecard import engine_card
 from collectors.models import Engine, EngineMetric, Event, Node
-from collectors.redaction import mask_text
 from dashboard.downsample import break_long_gaps, downsample
-from dashboard.memory import GIB, RANGES, gap_step_seconds
+from dashboard.memory import RANGES, gap_step_seconds
 from dashboard.restarts.models import Restart
 from dashboard.series import chart_bucket_seconds, engine_points, resolution_for, source_label
-
-UNKNOWN = "unknown"
-
-
-def gib_text(gib: float | None) -> str:
-    """GiB for people: two decimals under 10 GiB (where half a GiB matters), one above."""
-    if gib is None:
-        return UNKNOWN
-    return f"{gib:.2f} GiB" if abs(gib) < 10 else f"{gib:.1f} GiB"
-
-
-def tps_text(tps: float | None) -> str:
-    """Tokens per second for people: one decimal under 100 tok/s, whole numbers above."""
-    if tps is None:
-        return UNKNOWN
-    return f"{tps:.1f} tok/s" if abs(tps) < 100 else f"{tps:,.0f} tok/s"
+from sparkops.units import UNKNOWN, gib_text
 
 
 def duration_text(seconds: float | None) -> str:
@@ -44,66 +31,6 @@ def duration_text(seconds: float | None) -> str:
         return f"{minutes} min {rest} s" if rest else f"{minutes} min"
     hours, rest = divmod(whole, 3600)
     return f"{hours} h {rest // 60} min" if rest // 60 else f"{hours} h"
-
-SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
-
-
-def _first(*values):
-    return next((v for v in values if v is not None), None)
-
-
-def engine_card(engine: Engine) -> dict:
-    """The overview's summary of one engine."""
-    config, startup, rates = engine.config or {}, engine.startup or {}, engine.rates or {}
-    snapshot = (engine.metrics or {}).get("snapshot") or {}
-    kv_bytes = snapshot.get("kv_cache_memory_bytes") or config.get("kv_cache_memory_bytes")
-    kv_gib = startup.get("kv_cache_gib")
-    if kv_gib is None and kv_bytes is not None:
-        kv_gib = round(kv_bytes / GIB, 2)
-    usage = snapshot.get("kv_cache_usage")
-    card = {
-        "name": engine.name,
-        "model": _first(config.get("served_model_name"), config.get("model"),
-                        snapshot.get("model_name")),
-        "phase": engine.phase,
-        "container_state": engine.container_state,
-        "present": engine.present,
-        "version": startup.get("version"),
-        "kv_gib": kv_gib,
-        "kv_pinned": startup.get("kv_cache_pinned"),
-        "kv_tokens": _first(startup.get("kv_cache_tokens"), snapshot.get("kv_cache_size_tokens")),
-        "max_concurrency": startup.get("max_concurrency"),
-        "concurrency_for_tokens": startup.get("concurrency_for_tokens"),
-        "kv_usage_pct": round(usage * 100, 1) if usage is not None else None,
-        "running": snapshot.get("requests_running"),
-        "waiting": snapshot.get("requests_waiting"),
-        "max_num_seqs": config.get("max_num_seqs"),
-        "prefill_tps": _rounded(rates.get("prefill_tokens_per_s"), 1),
-        "decode_tps": _rounded(rates.get("decode_tokens_per_s"), 1),
-        "ttft_p95_s": _rounded(rates.get("ttft_p95_s"), 2),
-        "restarted": bool(rates.get("restarted")),
-        "scrape_error": engine.last_scrape_error,
-        # Kept unmasked on the row (restarts poll it); shown without its credentials.
-        "metrics_url": mask_text(engine.metrics_url),
-        "findings": sorted(engine.findings or [],
-                           key=lambda f: SEVERITY_ORDER.get(f.get("severity"), 3)),
-        "memory_gib": _rounded(engine.memory_usage_bytes / GIB, 2)
-        if engine.memory_usage_bytes is not None else None,
-    }
-    return _with_texts(card)
-
-
-def _with_texts(card: dict) -> dict:
-    """The card's figures formatted once for the templates (``*_text``); numbers stay numbers."""
-    card["kv_text"] = gib_text(card["kv_gib"])
-    card["memory_text"] = gib_text(card["memory_gib"])
-    card["prefill_text"] = tps_text(card["prefill_tps"])
-    card["decode_text"] = tps_text(card["decode_tps"])
-    return card
-
-
-def _rounded(value: float | None, digits: int) -> float | None:
-    return None if value is None else round(value, digits)
 
 
 def node_engine_cards(node: Node) -> list[dict]:

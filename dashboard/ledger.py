@@ -9,8 +9,7 @@ is the right-hand region; each engine's prefill need is marked from its start.
 from __future__ import annotations
 
 from collectors.models import Node
-
-GIB = 1024**3
+from sparkops.units import gib
 
 
 def _pct(value: int, total: int) -> float:
@@ -18,7 +17,8 @@ def _pct(value: int, total: int) -> float:
 
 
 def _gib(value: int | None) -> float | None:
-    return None if value is None else round(value / GIB, 2)
+    # Two decimals: the bar's hover texts and the ledger table show hundredths of a GiB.
+    return gib(value, 2)
 
 
 def ledger_bar(node: Node) -> dict | None:

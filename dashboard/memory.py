@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from collectors.models import Collection, Metric, Node, Sample
+from collectors.hostmemory import latest_collection
+from collectors.models import Collection, Metric, Node
+from collectors.sampling import stale_after
 from dashboard.downsample import SeriesPoint, break_long_gaps, downsample
-from dashboard.series import chart_bucket_seconds, host_points, resolution_for, source_label
-
-GIB = 1024**3
+from sparkops.units import UNKNOWN, fixed_gib_text, gib
 
 RANGES: dict[str, timedelta] = {
     "1h": timedelta(hours=1),
@@ -55,44 +55,46 @@ FIGURES = [
 def _scaled(figure: Figure, value: float | None) -> float | None:
     if value is None:
         return None
-    return round(value / GIB, 3) if figure.unit == "GiB" else round(value, 2)
+    return gib(value, 3) if figure.unit == "GiB" else round(value, 2)
 
 
 def _display(figure: Figure, value: float | None) -> str:
     """The one formatting of a figure, shared by the page and its live updates."""
     if value is None:
-        return "unknown"
-    if figure.unit == "GiB":
-        return f"{value / GIB:.2f} GiB"
-    return f"{value:.2f} %"
+        return UNKNOWN
+    return fixed_gib_text(value) if figure.unit == "GiB" else f"{value:.2f} %"
 
 
 def current_headroom(node: Node, now: datetime, interval: float) -> dict:
-    """The latest collection's figures, whether it succeeded, and whether collection is stale."""
-    latest = Collection.objects.filter(node=node).order_by("-at").first()
+    """The latest collection's figures, whether it succeeded, and whether collection is stale.
+
+    A stale collection's figures are still shown, under the ``stale`` warning: the last thing
+    known about the node is what its operator needs to see. Cost: three indexed queries.
+    """
+    reading = latest_collection(node, now, interval, [figure.metric for figure in FIGURES])
+    latest = reading.collection
     last_failure = Collection.objects.filter(node=node, ok=False).order_by("-at").first()
     payload: dict = {
         "node": node.name,
-        "mem_total_gib": round(node.mem_total_bytes / GIB, 2) if node.mem_total_bytes else None,
+        "mem_total_gib": gib(node.mem_total_bytes, 2) if node.mem_total_bytes else None,
         "interval_seconds": interval,
         "collected_at": latest.at.isoformat() if latest else None,
-        "age_seconds": round((now - latest.at).total_seconds(), 1) if latest else None,
-        "last_ok": latest.ok if latest else None,
-        "error": latest.error if latest and not latest.ok else "",
+        "age_seconds": round(reading.age_seconds, 1) if reading.age_seconds is not None
+        else None,
+        "last_ok": reading.ok,
+        "error": reading.error,
         "last_failure": (
             {"at": last_failure.at.isoformat(), "error": last_failure.error}
             if last_failure else None
         ),
+        "stale": reading.stale,
         "figures": [],
     }
-    # Three intervals without a row means the worker or beat is not running.
-    payload["stale"] = latest is None or (now - latest.at).total_seconds() > 3 * interval + 5
-    samples = _latest_samples(node, latest) if latest and latest.ok else {}
     for figure in FIGURES:
-        sample = samples.get(figure.metric)
+        sample = reading.samples.get(figure.metric)
         value = sample.value if sample else None
         if sample is None:
-            reason = latest.error if latest and not latest.ok else "no collection yet"
+            reason = reading.error if reading.ok is False else "no collection yet"
         else:
             reason = sample.note or ""
         payload["figures"].append({
@@ -107,16 +109,6 @@ def current_headroom(node: Node, now: datetime, interval: float) -> dict:
     return payload
 
 
-def _latest_samples(node: Node, collection: Collection) -> dict[int, Sample]:
-    # The interval minimum is stored at the instant it was seen, inside the window; naming the
-    # metrics lets the database read one short (node, metric, at) index range for each.
-    rows = Sample.objects.filter(
-        node=node, metric__in=[figure.metric for figure in FIGURES],
-        at__gte=collection.window_started_at, at__lte=collection.at,
-    ).order_by("at")
-    return {row.metric: row for row in rows}
-
-
 def gap_step_seconds(span: timedelta, max_points: int, interval: float, resolution: int
                      ) -> float:
     """The longest step a line may bridge before it is broken into a gap.
@@ -125,7 +117,7 @@ def gap_step_seconds(span: timedelta, max_points: int, interval: float, resoluti
     downsampling buckets, so a reduced series is not chopped up by its own buckets.
     """
     bucket = span.total_seconds() / max(max_points // 3, 1)
-    missed = 3 * interval + 5 if resolution == 0 else 3 * resolution
+    missed = stale_after(interval) if resolution == 0 else 3 * resolution
     return max(missed, 2 * bucket)
 
 
@@ -143,38 +135,6 @@ def reduce_series(points: list[SeriesPoint], failures: list[tuple[datetime, str]
     merged = _merge_failures(points, failures)
     reduced = downsample(merged, max_points) if merged else []
     return break_long_gaps(reduced, step_seconds)
-
-
-def chart_series(node: Node, range_key: str, now: datetime, max_points: int, interval: float
-                 ) -> dict:
-    """Series for the overview chart over ``range_key``, each at most ``max_points`` long."""
-    span = RANGES[range_key]
-    start = now - span
-    resolution = resolution_for(span, interval)
-    failures = collection_failures(node, start, now)
-    step = gap_step_seconds(span, max_points, interval, resolution)
-    points = host_points(node, [figure.metric for figure in FIGURES], start, resolution,
-                         chart_bucket_seconds(span, max_points))
-    series = []
-    for figure in FIGURES:
-        reduced = reduce_series(points[figure.metric], failures, max_points, step)
-        series.append({
-            "key": figure.key,
-            "label": figure.label,
-            "unit": figure.unit,
-            "x": [at.isoformat() for at, _ in reduced],
-            "y": [_scaled(figure, value) for _, value in reduced],
-        })
-    return {
-        "node": node.name,
-        "range": range_key,
-        "start": start.isoformat(),
-        "end": now.isoformat(),
-        "source": source_label(resolution),
-        "max_points": max_points,
-        "series": series,
-        "failures": [{"at": at.isoformat(), "error": error} for at, error in failures],
-    }
 
 
 def _merge_failures(points: list[SeriesPoint], failures: list[tuple[datetime, str]]

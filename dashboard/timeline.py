@@ -35,7 +35,7 @@ from django.db.models import Q
 from collectors.models import Engine, EngineMetric, Event, LedgerChange, Metric, Node
 from dashboard.alerting.models import Alert
 from dashboard.downsample import SeriesPoint
-from dashboard.memory import GIB, RANGES, collection_failures, gap_step_seconds, reduce_series
+from dashboard.memory import RANGES, collection_failures, gap_step_seconds, reduce_series
 from dashboard.restarts.models import Restart
 from dashboard.series import (
     chart_bucket_seconds,
@@ -44,6 +44,7 @@ from dashboard.series import (
     resolution_for,
     source_label,
 )
+from sparkops.units import GIB
 
 Points = list[tuple[datetime, float | None]]
 

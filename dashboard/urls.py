@@ -1,7 +1,14 @@
+"""Every page and JSON endpoint under one namespace ("dashboard:<name>").
+
+The pages are this app's own; each domain app exports a ``urlpatterns`` list that is included
+here, so the names stayed the same when the domains became apps of their own.
+"""
+
 from django.urls import path
 
-from dashboard import security_views, views
+from dashboard import views
 from dashboard.alerting import urls as alerting_urls
+from dashboard.audit import urls as audit_urls
 from dashboard.exports import urls as exports_urls
 from dashboard.notify import urls as notify_urls
 from dashboard.restarts import urls as restart_urls
@@ -17,13 +24,9 @@ urlpatterns = [
     path("api/nodes/<slug:node>/engines/<str:engine>/series.json", views.engine_series_json,
          name="engine-series-json"),
     path("api/nodes/<slug:node>/headroom.json", views.headroom_json, name="headroom-json"),
-    path("api/nodes/<slug:node>/memory.json", views.memory_json, name="memory-json"),
     path("api/nodes/<slug:node>/timeline.json", views.timeline_json, name="timeline-json"),
-    path("audit/", security_views.audit_log, name="audit"),
-    path("logins/", security_views.login_lockouts, name="logins"),
-    path("logins/unlock/", security_views.login_unlock, name="login-unlock"),
 ]
 
-# Alerting and notification pages share this app's namespace ("dashboard:<name>").
+urlpatterns += audit_urls.urlpatterns
 urlpatterns += alerting_urls.urlpatterns + notify_urls.urlpatterns + restart_urls.urlpatterns
 urlpatterns += exports_urls.urlpatterns

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -23,8 +21,8 @@ from dashboard.engines import (
     restart_history,
 )
 from dashboard.ledger import ledger_bar
-from dashboard.memory import RANGES, chart_series, current_headroom
-from dashboard.roofline import engine_roofline, model_config_for
+from dashboard.memory import RANGES, current_headroom
+from dashboard.roofline.figure import engine_roofline
 from dashboard.timeline import timeline
 
 DEFAULT_RANGE = "1h"
@@ -96,8 +94,6 @@ def engines_json(request: HttpRequest, node: str) -> JsonResponse:
 def engine_detail(request: HttpRequest, node: str, engine: str) -> HttpResponse:
     watched = _node_or_404(node)
     found = get_object_or_404(Engine, node=watched, name=engine)
-    model_config, config_note = model_config_for(found, settings.SPARKOPS_NODE_NAME,
-                                                 Path(settings.SPARKOPS_PROCFS))
     return render(request, "dashboard/engine.html", {
         "node": watched,
         "engine": found,
@@ -107,8 +103,7 @@ def engine_detail(request: HttpRequest, node: str, engine: str) -> HttpResponse:
         "restarts": restart_history(found),
         "roofline": engine_roofline(
             found, timezone.now(), bandwidth_gbps=settings.SPARKOPS_MEMORY_BANDWIDTH_GBPS,
-            interval=settings.SPARKOPS_COLLECT_INTERVAL, model_config=model_config,
-            config_note=config_note,
+            interval=settings.SPARKOPS_COLLECT_INTERVAL,
         ),
         "ranges": list(RANGES),
         "range_key": DEFAULT_RANGE,
@@ -142,21 +137,6 @@ def _max_points(request: HttpRequest) -> int | None:
     except ValueError:
         return None
     return max(3, min(asked, settings.SPARKOPS_MAX_CHART_POINTS))
-
-
-@login_required
-def memory_json(request: HttpRequest, node: str) -> JsonResponse:
-    range_key = request.GET.get("range", DEFAULT_RANGE)
-    if (error := _range_error(range_key)) is not None:
-        return error
-    max_points = _max_points(request)
-    if max_points is None:
-        return JsonResponse({"error": "max_points must be a whole number"}, status=400)
-    payload = chart_series(
-        _node_or_404(node), range_key, timezone.now(), max_points,
-        settings.SPARKOPS_COLLECT_INTERVAL,
-    )
-    return JsonResponse(payload)
 
 
 @login_required

@@ -1,6 +1,6 @@
 """The Celery application and its beat schedule, kept in code.
 
-Node-local work (collection now, restarts later) goes to the queue ``node.<name>`` that only the
+Node-local work (collection and restarts) goes to the queue ``node.<name>`` that only the
 worker on that node consumes; fleet-wide housekeeping (roll-up, prune, alert evaluation) goes to
 ``sparkops``; notification delivery goes to ``notify``, so that waiting on receivers is kept
 apart from collection and evaluation (a fleet can give it a worker of its own; the stack's one
@@ -20,10 +20,26 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
+# Every task's name, pinned: a message carries the name, and messages queued before an upgrade
+# must still find their task, wherever its module moved. The names are the module paths the
+# tasks had when they were first deployed; each task's decorator takes its name from here.
+COLLECT_HOST_MEMORY = "collectors.tasks.collect_host_memory"
+COLLECT_ENGINES = "collectors.tasks.collect_engines"
+ROLLUP_SAMPLES = "collectors.tasks.rollup_samples"
+PRUNE_SAMPLES = "collectors.tasks.prune_samples"
+EVALUATE_ALERTS = "dashboard.alerting.tasks.evaluate_alerts"
+DELIVER_NOTIFICATIONS = "dashboard.notify.tasks.deliver_notifications"
+DISPATCH_DUE_RESTARTS = "dashboard.restarts.tasks.dispatch_due_restarts"
+RECOVER_INTERRUPTED_RESTARTS = "dashboard.restarts.tasks.recover_interrupted_restarts"
+RUN_RESTART = "dashboard.restarts.tasks.run_restart_task"
+TASK_NAMES = (COLLECT_HOST_MEMORY, COLLECT_ENGINES, ROLLUP_SAMPLES, PRUNE_SAMPLES,
+              EVALUATE_ALERTS, DELIVER_NOTIFICATIONS, DISPATCH_DUE_RESTARTS,
+              RECOVER_INTERRUPTED_RESTARTS, RUN_RESTART)
+
 CENTRAL_QUEUE = "sparkops"
 NOTIFY_QUEUE = "notify"
 # Tasks that do not go to the central queue, by name (beat entries and ``delay()`` alike).
-TASK_QUEUES = {"dashboard.notify.tasks.deliver_notifications": NOTIFY_QUEUE}
+TASK_QUEUES = {DELIVER_NOTIFICATIONS: NOTIFY_QUEUE}
 app.conf.task_routes = {task: {"queue": queue} for task, queue in TASK_QUEUES.items()}
 
 
@@ -45,17 +61,16 @@ def _entry(task: str, every: float, queue: str, args: tuple = ()) -> dict:
 
 # Fleet-wide housekeeping on the central queue: (name, task, period in seconds).
 CENTRAL_SCHEDULE = [
-    ("deliver-notifications", "dashboard.notify.tasks.deliver_notifications", 5.0),
-    ("dispatch-due-restarts", "dashboard.restarts.tasks.dispatch_due_restarts", 5.0),
-    ("recover-interrupted-restarts", "dashboard.restarts.tasks.recover_interrupted_restarts",
-     30.0),
-    ("rollup-samples", "collectors.tasks.rollup_samples", 60.0),
-    ("prune-samples", "collectors.tasks.prune_samples", 3600.0),
+    ("deliver-notifications", DELIVER_NOTIFICATIONS, 5.0),
+    ("dispatch-due-restarts", DISPATCH_DUE_RESTARTS, 5.0),
+    ("recover-interrupted-restarts", RECOVER_INTERRUPTED_RESTARTS, 30.0),
+    ("rollup-samples", ROLLUP_SAMPLES, 60.0),
+    ("prune-samples", PRUNE_SAMPLES, 3600.0),
 ]
 # Node-local collection, one entry per node on that node's queue.
 NODE_TASKS = [
-    ("collect-host-memory", "collectors.tasks.collect_host_memory"),
-    ("collect-engines", "collectors.tasks.collect_engines"),
+    ("collect-host-memory", COLLECT_HOST_MEMORY),
+    ("collect-engines", COLLECT_ENGINES),
 ]
 
 

@@ -78,6 +78,11 @@ INSTALLED_APPS = [
     "csp",
     "collectors",
     "dashboard",
+    "dashboard.audit",
+    "dashboard.alerting",
+    "dashboard.notify",
+    "dashboard.restarts",
+    "dashboard.exports",
     "axes",  # records login failures and locks out guessing (django-axes)
 ]
 
@@ -178,7 +183,7 @@ AXES_RESET_ON_SUCCESS = False
 AXES_ENABLE_ACCESS_FAILURE_LOG = True
 # The client address: the socket's peer, unless that peer is a reverse proxy listed in
 # SPARKOPS_TRUSTED_PROXIES (CIDRs); only then is X-Forwarded-For read, right to left, so a
-# client cannot pick its own address by sending the header (dashboard.clientaddress).
+# client cannot pick its own address by sending the header (dashboard.audit.clientaddress).
 SPARKOPS_TRUSTED_PROXIES = env_list("SPARKOPS_TRUSTED_PROXIES", [])
 for _proxy in SPARKOPS_TRUSTED_PROXIES:
     try:
@@ -187,9 +192,9 @@ for _proxy in SPARKOPS_TRUSTED_PROXIES:
         raise ImproperlyConfigured(
             f"SPARKOPS_TRUSTED_PROXIES: {_proxy!r} is not a network (e.g. 127.0.0.1/32)"
         ) from None
-AXES_CLIENT_IP_CALLABLE = "dashboard.clientaddress.client_address"
+AXES_CLIENT_IP_CALLABLE = "dashboard.audit.clientaddress.client_address"
 # A lockout answers with the login page and the reason in words (HTTP 429).
-AXES_LOCKOUT_CALLABLE = "dashboard.logins.lockout_response"
+AXES_LOCKOUT_CALLABLE = "dashboard.audit.logins.lockout_response"
 # No banner at every process start (it would be the first line of every `manage.py` command);
 # failures and lockouts are still logged as warnings (see LOGGING).
 AXES_VERBOSE = False

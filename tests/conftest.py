@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
-import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +14,8 @@ import pytest
 
 from collectors.models import Node
 from collectors.procfs import Procfs
+from sparkops.testing.ports import free_port, wait_for_port
+from sparkops.testing.postgres import pg_bin, postgres_server
 
 # Shared fixtures that live in their own harness modules: a real browser, a real container engine.
 from tests.browser import browser, page  # noqa: E402,F401
@@ -34,6 +33,14 @@ def _plain_static_storage(settings) -> None:
         **settings.STORAGES,
         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     }
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hasher(settings) -> None:
+    # PBKDF2 at Django's 1,000,000 iterations costs about 0.3 s per login or password set, and
+    # the login tests make dozens; what they check is the lockout, not the hash. Processes that
+    # the tests start (manage.py, the stack) keep the production hashers.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture(autouse=True)
@@ -80,22 +87,6 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(port: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout} s")
-
-
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory) -> Iterator[str]:
     """A private redis-server on a free loopback port, nothing kept on disk."""
@@ -117,45 +108,13 @@ def redis_url(tmp_path_factory) -> Iterator[str]:
         process.wait(timeout=10)
 
 
-def _pg_bin(name: str) -> str:
-    candidates = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
-    if not candidates:
-        pytest.fail("PostgreSQL server binaries are missing (Debian package postgresql)")
-    return str(candidates[-1])
-
-
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
-    """A private PostgreSQL cluster in a temporary directory, on a free loopback port.
-
-    initdb refuses to run as root, so as root the cluster belongs to the ``postgres`` user (and
-    lives outside pytest's root-only temporary tree, which that user cannot enter).
-    """
-    top = Path(tempfile.mkdtemp(prefix="sparkops-pg-"))
-    datadir = top / "data"
-    datadir.mkdir()
-    as_user: list[str] = []
-    if os.geteuid() == 0:
-        shutil.chown(top, "postgres")
-        shutil.chown(datadir, "postgres")
-        as_user = ["runuser", "-u", "postgres", "--"]
-    port = free_port()
-    subprocess.run(
-        [*as_user, _pg_bin("initdb"), "-D", str(datadir), "-A", "trust", "-U", "postgres",
-         "--no-sync"],
-        check=True, stdout=subprocess.DEVNULL,
-    )
-    options = f"-p {port} -k {datadir} -c listen_addresses=127.0.0.1 -c fsync=off"
-    subprocess.run(
-        [*as_user, _pg_bin("pg_ctl"), "-D", str(datadir), "-o", options, "-w", "-l",
-         str(datadir / "log"), "start"],
-        check=True, stdout=subprocess.DEVNULL,
-    )
+    """A private PostgreSQL cluster (:func:`sparkops.testing.postgres.postgres_server`) for the
+    whole session; the test fails, naming the Debian package, if the binaries are missing."""
     try:
-        subprocess.run([*as_user, _pg_bin("createdb"), "-h", "127.0.0.1", "-p", str(port),
-                        "-U", "postgres", "sparkops"], check=True)
-        yield f"postgresql://postgres@127.0.0.1:{port}/sparkops"
-    finally:
-        subprocess.run([*as_user, _pg_bin("pg_ctl"), "-D", str(datadir), "-m", "immediate",
-                        "stop"], stdout=subprocess.DEVNULL)
-        shutil.rmtree(top, ignore_errors=True)
+        pg_bin("initdb")
+    except RuntimeError as error:
+        pytest.fail(str(error))
+    with postgres_server() as url:
+        yield url

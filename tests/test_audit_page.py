@@ -9,8 +9,8 @@ from django.test import Client
 from django.urls import reverse
 
 from collectors.models import Node
-from dashboard.restarts.audit import audit
-from dashboard.restarts.models import AuditEntry
+from dashboard.audit.models import AuditEntry
+from dashboard.audit.records import audit
 from tests.access import grant
 
 
@@ -96,7 +96,7 @@ def test_the_audit_page_needs_its_permission(django_user_model, history):
     response = client.get(reverse("dashboard:audit"))
 
     assert response.status_code == 403
-    assert "staff lacks the permission to read the audit log (dashboard.view_audit)" in \
+    assert "staff lacks the permission to read the audit log (audit.view_audit)" in \
         response.content.decode()
     assert "/audit/" not in client.get(reverse("dashboard:alerts")).content.decode()
 

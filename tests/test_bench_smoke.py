@@ -25,7 +25,7 @@ SECTIONS = {
     "## 1. Footprint": r"\| SparkOps \| \d+ MiB .*\| \d+ MiB",
     "## 2. Collection cost": r"\| 1 \| [\d.]+ ms ",
     "## 3. Alert latency": r"\| SparkOps \(`runstack`\) \| .* \| [\d.]+ s \(n=1\) \|",
-    "## 4. Chart latency": r"\| `memory\.json\?range=30d` \| \d+ ms.* \| \d+ ms.* \|",
+    "## 4. Chart latency": r"\| `timeline\.json\?range=30d` \| \d+ ms.* \| \d+ ms.* \|",
     "## 5. Storage": r"\| Measured total \| \d+ MiB for [\d.]+ days \| \d+ MiB for",
 }
 

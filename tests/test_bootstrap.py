@@ -36,6 +36,7 @@ def test_the_admin_password_from_the_environment_is_validated(db, monkeypatch, p
     assert not django_user_model.objects.filter(is_superuser=True).exists()
 
 
+@pytest.mark.slow
 def test_a_refused_admin_password_stops_start_up_with_one_line(tmp_path):
     env = subprocess_env(SPARKOPS_DATA_DIR=str(tmp_path), SPARKOPS_ADMIN_PASSWORD="12345678")
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=PROJECT,

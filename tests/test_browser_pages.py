@@ -3,13 +3,17 @@
 Two engines share a GB10: an idle Gemma-like engine and a Nemotron-like neighbour that is
 restarted (planned) with a bigger KV pool, 8 → 24 GiB, which squeezes Gemma's prefill. The world
 is written with SparkOps' own ledger, unplanned-restart and alert code where it exists, and as
-the collectors' rows otherwise. The tests save screenshots of the main pages into ``docs/``.
+the collectors' rows otherwise. The tests take screenshots of the main pages into their own
+temporary directory; with ``SPARKOPS_UPDATE_SCREENSHOTS=1`` they write them into ``docs/`` instead,
+replacing the committed ones.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -42,6 +46,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 GIB = 1024**3
 MIB = 1024**2
 DOCS = PROJECT / "docs"
+UPDATE_SCREENSHOTS = "SPARKOPS_UPDATE_SCREENSHOTS"  # "1": write docs/*.png
 PASSWORD = "a-long-test-password"
 STEP = 10  # seconds between the seeded collections
 WIDE = {"width": 1400, "height": 900}
@@ -208,9 +213,19 @@ def _login(page, base: str, username: str = "admin") -> None:
     page.wait_for_url(re.compile(r".*/nodes/.*|.*/$"))
 
 
-def _screenshot(page, name: str, full_page: bool = True) -> None:
-    DOCS.mkdir(exist_ok=True)
-    page.screenshot(path=str(DOCS / name), full_page=full_page)
+@pytest.fixture
+def screenshot(tmp_path) -> Callable[..., None]:
+    """``screenshot(page, name, full_page=True)`` saves ``name`` into the test's temporary
+    directory, or into ``docs/`` when SPARKOPS_UPDATE_SCREENSHOTS=1, so that an ordinary run
+    never rewrites the committed images."""
+    folder = DOCS if os.environ.get(UPDATE_SCREENSHOTS) == "1" else tmp_path
+    folder.mkdir(exist_ok=True)
+
+    def take(page, name: str, full_page: bool = True) -> None:
+        page.screenshot(path=str(folder / name), full_page=full_page)
+        assert (folder / name).stat().st_size > 0
+
+    return take
 
 
 def _x_ranges(page) -> list[list[float]]:
@@ -230,7 +245,7 @@ def _wait_for_timeline(page) -> None:
 # --- the tests -----------------------------------------------------------------------------------
 
 def test_overview_tells_the_story_on_one_timeline_and_zoom_moves_every_panel(
-        live_server, page, django_user_model, settings):
+        live_server, page, django_user_model, settings, screenshot):
     settings.SPARKOPS_NODE_NAME = "spark-a"
     settings.SPARKOPS_COLLECT_INTERVAL = float(STEP)
     node = Node.objects.create(name="spark-a", mem_total_bytes=int(121.69 * GIB))
@@ -277,7 +292,7 @@ def test_overview_tells_the_story_on_one_timeline_and_zoom_moves_every_panel(
     assert pool[0] == 8.0 and pool[-1] == 24.0
     ranges = _x_ranges(page)
     assert len(ranges) == 6 and all(r == ranges[0] for r in ranges)
-    _screenshot(page, "overview.png")
+    screenshot(page, "overview.png")
 
     # Dragging across the decode panel zooms it, and every other panel follows.
     page.locator("#timeline").scroll_into_view_if_needed()
@@ -317,11 +332,11 @@ def test_overview_tells_the_story_on_one_timeline_and_zoom_moves_every_panel(
     _wait_for_timeline(page)
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
     page.evaluate("document.getElementById('firing-alerts').scrollIntoView()")
-    _screenshot(page, "overview-phone.png", full_page=False)
+    screenshot(page, "overview-phone.png", full_page=False)
 
 
 def test_engine_page_shows_its_roofline_charts_and_restart_history(
-        live_server, page, django_user_model, settings):
+        live_server, page, django_user_model, settings, screenshot):
     settings.SPARKOPS_NODE_NAME = "spark-a"
     settings.SPARKOPS_COLLECT_INTERVAL = float(STEP)
     node = Node.objects.create(name="spark-a", mem_total_bytes=int(121.69 * GIB))
@@ -341,7 +356,7 @@ def test_engine_page_shows_its_roofline_charts_and_restart_history(
     history = page.locator("table.restart-history").inner_text().lower()
     assert "planned" in history and "succeeded" in history and "8 min 12 s" in history
     page.wait_for_function("document.getElementById('engine-charts')?.data?.length >= 9")
-    _screenshot(page, "engine.png")
+    screenshot(page, "engine.png")
 
     page.goto(f"{live_server.url}/nodes/spark-a/engines/gemma-4-26b/")
     history = page.locator("table.restart-history").inner_text().lower()
@@ -349,7 +364,7 @@ def test_engine_page_shows_its_roofline_charts_and_restart_history(
 
 
 def test_a_squeeze_alert_appears_on_the_open_overview_and_the_alerts_page(
-        live_server, page, django_user_model, settings):
+        live_server, page, django_user_model, settings, screenshot):
     settings.SPARKOPS_NODE_NAME = "spark-a"
     settings.SPARKOPS_COLLECT_INTERVAL = 2.0  # the page refreshes its cards every 2 s
     node = Node.objects.create(name="spark-a", mem_total_bytes=int(121.69 * GIB))
@@ -369,11 +384,11 @@ def test_a_squeeze_alert_appears_on_the_open_overview_and_the_alerts_page(
     page.goto(f"{live_server.url}/alerts/")
     listed = page.locator("body").inner_text()
     assert "prefill-squeeze" in listed and "nemotron-120b's KV pool went 8.00 → 24.00" in listed
-    _screenshot(page, "alerts.png")
+    screenshot(page, "alerts.png")
 
 
 def test_an_operator_plans_a_restart_through_the_form(live_server, page, django_user_model,
-                                                      settings, monkeypatch):
+                                                      settings, monkeypatch, screenshot):
     settings.SPARKOPS_NODE_NAME = "spark-a"
     settings.SPARKOPS_COLLECT_INTERVAL = float(STEP)
     # The runbook is not under test here: keep the plan scheduled instead of queueing a run.
@@ -399,4 +414,4 @@ def test_an_operator_plans_a_restart_through_the_form(live_server, page, django_
     assert "planned for" in body and "expected back by" in body
     page.goto(f"{live_server.url}/restarts/?node=spark-a")
     assert "back by" in page.locator("body").inner_text()
-    _screenshot(page, "restarts.png")
+    screenshot(page, "restarts.png")

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from collectors.hostmemory import collect_host_memory
 from collectors.meminfo import parse_meminfo
 from collectors.models import Collection, Metric, Sample
@@ -77,6 +79,7 @@ print(f"released {end}", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_a_one_second_allocation_between_collections_is_the_interval_minimum(node):
     """A real 2 GiB allocation held ~1 s inside one window shows up as the interval minimum.
 

@@ -20,7 +20,8 @@ import pytest
 import requests
 
 from sparkops.datadir import create_private_file, tighten
-from tests.conftest import PROJECT, free_port, subprocess_env, wait_for_port
+from sparkops.testing.ports import free_port, wait_for_port
+from tests.conftest import PROJECT, subprocess_env
 
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"),
                              reason="needs root and runuser, to read as another user")
@@ -107,6 +108,7 @@ def test_tighten_removes_group_and_other_bits_below_the_root_but_never_follows_l
 # --- for real ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_existing_readable_data_directory_is_made_private_on_start(open_parent):
     data = open_parent / "data"
     (data / "broker" / "queue").mkdir(parents=True)

@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 
 from sparkops.celery import worker_queues
+from sparkops.testing.ports import wait_for
+from sparkops.testing.webhooks import WebhookReceiver
 from tests.conftest import PROJECT, subprocess_env
-from tests.notify.servers import WebhookReceiver
 
 pytestmark = pytest.mark.slow
 
@@ -98,14 +99,6 @@ def _utcnow() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
-def _wait(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout} s")
-        time.sleep(0.25)
-
-
 def test_collection_and_evaluation_keep_their_schedule_while_a_receiver_hangs(tmp_path):
     data = tmp_path / "data"
     env = subprocess_env(
@@ -121,18 +114,19 @@ def test_collection_and_evaluation_keep_their_schedule_while_a_receiver_hangs(tm
         receiver.hold()
         worker = _worker(env, data, log)
         try:
-            _wait(lambda: _evaluations(log, datetime.min, datetime.max), 60,
-                  "the first alert evaluation")
-            _wait(lambda: receiver.requests, 30, "the first send to the hanging receiver")
+            wait_for(lambda: _evaluations(log, datetime.min, datetime.max), 60,
+                     "the first alert evaluation", period=0.25)
+            wait_for(lambda: receiver.requests, 30, "the first send to the hanging receiver",
+                     period=0.25)
             hang_started = _utcnow()
             time.sleep(HANG)  # the receiver hangs for this long: the fault under test
             hang_ended = _utcnow()
             receiver.release()
-            _wait(lambda: len(set(receiver.answered)) >= QUEUED, 90,
-                  "delivery of the queued notifications")
-            _wait(lambda: not _query(data, "select 1 from dashboard_notification "
-                                           "where delivered_at is null"), 30,
-                  "recording every delivery")
+            wait_for(lambda: len(set(receiver.answered)) >= QUEUED, 90,
+                     "delivery of the queued notifications", period=0.25)
+            wait_for(lambda: not _query(data, "select 1 from dashboard_notification "
+                                              "where delivered_at is null"), 30,
+                     "recording every delivery", period=0.25)
             time.sleep(3 * INTERVAL)  # room for a duplicate send to show up
         finally:
             worker.send_signal(signal.SIGTERM)

@@ -12,10 +12,17 @@ from django.urls import reverse
 from django.utils import timezone
 
 from collectors import docker_api
-from collectors.demo import (
+from collectors.engines import collect_engines
+from collectors.hostmemory import collect_host_memory, window_figures
+from collectors.ledger import update_ledger
+from collectors.meminfo import parse_meminfo
+from collectors.models import Engine, LedgerChange, Node
+from collectors.procfs import Procfs
+from collectors.vllm.flags import parse_command_line
+from dashboard.alerting.models import RuleSetting
+from dashboard.alerting.pipeline import run_alerts
+from sparkops.demo.node import (
     GEMMA,
-    GIB,
-    MIB,
     NEMOTRON,
     Containers,
     DemoError,
@@ -26,16 +33,8 @@ from collectors.demo import (
     engine_labels,
     story_peak_gib,
 )
-from collectors.engines import collect_engines
-from collectors.hostmemory import collect_host_memory, window_figures
-from collectors.ledger import update_ledger
-from collectors.meminfo import parse_meminfo
-from collectors.models import Engine, LedgerChange, Node
-from collectors.procfs import Procfs
-from collectors.vllm.flags import parse_command_line
-from dashboard.alerting.models import RuleSetting
-from dashboard.alerting.pipeline import run_alerts
-from tests.conftest import free_port
+from sparkops.testing.ports import free_port
+from sparkops.units import GIB, MIB
 from tests.containers import PODMAN, TEST_LABEL
 
 BANNER = "emulated engines replaying a scaled GB10 story — not real data"
@@ -122,7 +121,7 @@ def test_engine_command_is_what_sparkops_reads_as_the_story_scaled():
 
 
 def test_squeeze_margin_squeezes_the_engine_at_risk_and_spares_the_neighbour():
-    from collectors.management.commands.demo import squeeze_margin
+    from sparkops.demo.story import squeeze_margin
 
     scale = Scale(32)
     headroom, growth = 17 * GIB, scale.neighbour_growth_bytes
@@ -158,7 +157,7 @@ class Cycles:
 @pytest.mark.slow
 @pytest.mark.django_db
 def test_squeeze_act_discovers_engines_and_fires_the_alert(node, docker_host, settings):
-    from collectors.management.commands.demo import Story
+    from sparkops.demo.story import Story
 
     # The largest scale this machine allows, for the most room against its own memory noise:
     # at 64 MiB per GiB the needs sit 192 MiB either side of the headroom after the growth.
@@ -178,7 +177,6 @@ def test_squeeze_act_discovers_engines_and_fires_the_alert(node, docker_host, se
     story = Story(node=node, containers=containers, scale=scale, speed=50, pace=Cycles(node, api),
                   say=said.append, ports={GEMMA.name: free_port(), NEMOTRON.name: free_port()},
                   alert_seconds=45)
-    started = time.monotonic()
     try:
         story.launch()
         assert story.wait_for_engines(), said
@@ -210,4 +208,3 @@ def test_squeeze_act_discovers_engines_and_fires_the_alert(node, docker_host, se
     assert LedgerChange.objects.filter(label="nemotron's KV pool", before_bytes=8 * k * MIB,
                                        after_bytes=24 * k * MIB).exists()
     assert any("FIRING" in line for line in said)
-    assert time.monotonic() - started < 60

@@ -13,7 +13,8 @@ from django.utils import timezone
 from collectors import docker_api
 from collectors.engines import collect_engines
 from collectors.models import Engine, EngineMetric, EngineSample, Event
-from tests.conftest import PROJECT, free_port
+from sparkops.testing.ports import free_port
+from tests.conftest import PROJECT
 from tests.containers import podman, run_container, unique_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]

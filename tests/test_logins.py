@@ -11,7 +11,7 @@ from django.test import Client, RequestFactory
 from django.urls import reverse
 from django.utils import timezone
 
-from dashboard.restarts.models import AuditEntry
+from dashboard.audit.models import AuditEntry
 from tests.access import grant
 
 PASSWORD = "a-long-test-password"
@@ -107,7 +107,7 @@ def test_behind_a_trusted_proxy_the_client_is_the_address_the_proxy_saw(bob, set
     ([], "::ffff:192.0.2.4", "", "192.0.2.4"),
 ])
 def test_client_address(settings, trusted, remote, forwarded, expected):
-    from dashboard.clientaddress import client_address
+    from dashboard.audit.clientaddress import client_address
 
     settings.SPARKOPS_TRUSTED_PROXIES = trusted
     request = RequestFactory().get("/", REMOTE_ADDR=remote, HTTP_X_FORWARDED_FOR=forwarded)
@@ -170,7 +170,7 @@ def test_the_logins_page_needs_its_permission(alice, django_user_model):
                                                              "value": "alice"})
 
     assert listing.status_code == unlock.status_code == 403
-    assert "(dashboard.unlock_logins)" in unlock.content.decode()
+    assert "(audit.unlock_logins)" in unlock.content.decode()
     assert not AuditEntry.objects.get(action="unlock-login").allowed
     assert log_in("alice", PASSWORD)[1] is False
     assert "/logins/" not in client.get(reverse("dashboard:home")).content.decode()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
+
+from tests.migrating import migrate, newest
 
 BEFORE = [("collectors", "0004_rollup_tiers")]
 AFTER = [("collectors", "0005_mask_engine_secrets")]
@@ -12,23 +12,18 @@ API_KEY = "sk-stored-before-1a2b3c4d5e6f"
 MASK = "••••••"
 
 
-def _migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
-
-
 @pytest.fixture
 def migrations_undone():
     """The test database taken back before 0005, and to the newest migrations afterwards."""
     yield
-    _migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
+    migrate(newest())
 
 
+# Migrates the whole test database back and forth: seconds, not milliseconds.
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_rows_holding_secrets_are_masked_and_the_rest_kept(migrations_undone):
-    old = _migrate(BEFORE)
+    old = migrate(BEFORE)
     node = old.get_model("collectors", "Node").objects.create(name="spark-old")
     engine_model = old.get_model("collectors", "Engine")
     leaky = engine_model.objects.create(
@@ -48,7 +43,7 @@ def test_rows_holding_secrets_are_masked_and_the_rest_kept(migrations_undone):
         node_id=node.pk, name="clean", container_id="b" * 64, container_state="running",
         command=["vllm", "serve", "m"], env={"HF_HOME": "/models"}, config={"model": "m"})
 
-    new = _migrate(AFTER)
+    new = migrate(AFTER)
     engines = new.get_model("collectors", "Engine").objects
     leaky, clean_after = engines.get(pk=leaky.pk), engines.get(pk=clean.pk)
 

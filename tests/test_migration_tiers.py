@@ -7,31 +7,26 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
+
+from tests.migrating import migrate, newest
 
 BEFORE = [("collectors", "0003_engine_env_managed")]
 AFTER = [("collectors", "0004_rollup_tiers")]
 T0 = datetime(2026, 10, 1, 0, 0, tzinfo=UTC)
 
 
-def _migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
-
-
 @pytest.fixture
 def migrations_undone():
     """The test database taken back before 0004, and to the newest migrations afterwards."""
     yield
-    _migrate(MigrationExecutor(connection).loader.graph.leaf_nodes())
+    migrate(newest())
 
 
+# Migrates the whole test database back and forth: seconds, not milliseconds.
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_existing_minute_roll_ups_seed_the_coarser_tiers(migrations_undone):
-    old = _migrate(BEFORE)
+    old = migrate(BEFORE)
     node = old.get_model("collectors", "Node").objects.create(
         name="spark-old", rolled_up_until=T0 + timedelta(hours=2))
     old.get_model("collectors", "Rollup").objects.bulk_create([
@@ -41,7 +36,7 @@ def test_existing_minute_roll_ups_seed_the_coarser_tiers(migrations_undone):
         for m in range(90)  # an hour and a half of minutes, with one dip at minute 25
     ])
 
-    new = _migrate(AFTER)
+    new = migrate(AFTER)
     rollup = new.get_model("collectors", "Rollup")
     tiers = {}
     for row in rollup.objects.order_by("resolution", "start"):

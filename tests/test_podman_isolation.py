@@ -21,8 +21,8 @@ import pytest
 
 from bench.services import podman_service
 from collectors import podman as podman_module
-from collectors.demo import DEMO_LABEL, PodmanService
 from collectors.podman import RUNTIME_FLAGS, PrivatePodman
+from sparkops.demo.node import DEMO_LABEL, PodmanService
 from tests.containers import run_container, start_podman, stop_podman, unique_name
 
 pytestmark = pytest.mark.slow

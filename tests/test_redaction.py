@@ -56,6 +56,14 @@ def test_environment_secret_names_whole_and_url_credentials_inside_values():
     assert env["NOTES"] == f"call with Authorization: Bearer {MASK}"
 
 
+def test_secret_looking_environment_values_are_masked():
+    env = mask_env({"HF_TOKEN": "hf_abc", "OPENAI_API_KEY": "sk", "VLLM_LOGGING_LEVEL": "INFO",
+                    "DB_PASSWORD": "x"})
+
+    assert env["VLLM_LOGGING_LEVEL"] == "INFO"
+    assert {env["HF_TOKEN"], env["OPENAI_API_KEY"], env["DB_PASSWORD"]} == {"••••••"}
+
+
 def test_command_line_secret_flags_in_both_forms_and_secret_shaped_values():
     argv = ["vllm", "serve", "google/gemma", "--api-key", API_KEY, f"--hf-token={HF_TOKEN}",
             "--password", "pw", "--max-num-batched-tokens", "8192", "--tokenizer", "tok/x",

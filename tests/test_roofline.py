@@ -1,30 +1,31 @@
 """The bandwidth roofline: inputs from labels, config.json and names; the measured single-stream
-decode; the ratio and its plain explanation; the engine page showing it with its restarts."""
+decode; the ratio and its plain explanation; config.json read inside the container by the node's
+collector; the engine page showing it with its restarts."""
 
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from django.core.cache import cache
 from django.utils import timezone
 
+from collectors.docker_api import EngineContainer
+from collectors.engines import refreshed_model_config
+from collectors.modelconfig import read_container_model_config
 from collectors.models import Engine, EngineMetric, EngineSample, Metric, Sample
 from dashboard.restarts.models import Restart
-from dashboard.roofline import (
-    NOT_MEASURED,
+from dashboard.roofline.figure import NOT_MEASURED, engine_roofline
+from dashboard.roofline.measure import single_stream_decode
+from dashboard.roofline.params import (
     NVFP4_BYTES,
     active_params,
     active_params_from_config,
     bytes_from_config,
     decode_ceiling_tps,
-    engine_roofline,
     params_from_name,
     parse_param_count,
-    read_engine_model_config,
-    single_stream_decode,
 )
 
 NEMOTRON = "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4"
@@ -60,8 +61,10 @@ def _collections(engine: Engine, now: datetime, running: list[int], decode: list
 
 
 def _roofline(engine: Engine, config: dict | None = None) -> dict:
-    return engine_roofline(engine, timezone.now(), bandwidth_gbps=273.0, interval=INTERVAL,
-                           model_config=config)
+    """The figure, with ``config`` as the config.json the node's collector stored."""
+    if config is not None:
+        engine.model_config = {"config": config, "source": "/models/x/config.json"}
+    return engine_roofline(engine, timezone.now(), bandwidth_gbps=273.0, interval=INTERVAL)
 
 
 # --- inputs --------------------------------------------------------------------------------------
@@ -258,7 +261,7 @@ def test_config_json_is_read_inside_the_container(node, tmp_path):
     model_dir.mkdir(parents=True)
     (model_dir / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
 
-    config, where = read_engine_model_config(engine, proc)
+    config, where = read_container_model_config(engine.config["model"], engine.env, 4242, proc)
 
     assert config == QWEN3_30B_A3B
     assert where == "/models/qwen3/config.json in the container"
@@ -273,7 +276,7 @@ def test_config_json_of_a_hub_model_is_found_in_the_containers_cache(node, tmp_p
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
 
-    config, where = read_engine_model_config(engine, proc)
+    config, where = read_container_model_config(engine.config["model"], engine.env, 4242, proc)
 
     assert config == QWEN3_30B_A3B and "snapshots/abc/config.json" in where
 
@@ -281,16 +284,43 @@ def test_config_json_of_a_hub_model_is_found_in_the_containers_cache(node, tmp_p
 def test_no_visible_process_says_why(node, tmp_path):
     engine = _engine(node)
 
-    config, why = read_engine_model_config(engine, _proc_tree(tmp_path, "e" * 64))
+    config, why = read_container_model_config(engine.config["model"], engine.env, None,
+                                              _proc_tree(tmp_path, "e" * 64))
 
     assert config is None and "no process of the container is visible" in why
 
 
+def _container(container_id: str, *, pid: int | None, state: str = "running") -> EngineContainer:
+    return EngineContainer(id=container_id, name="qwen", image="vllm", state=state,
+                           started_at=datetime(2026, 1, 5, 9, 0, tzinfo=UTC), restart_count=0,
+                           exit_code=None, pid=pid, command=[], env={}, labels={}, mounts=[],
+                           network_mode="host")
+
+
+def test_the_collector_reads_config_json_once_per_container_start(tmp_path):
+    container = _container("c" * 64, pid=4242)
+    proc = _proc_tree(tmp_path, container.id)
+    model_dir = proc / "4242" / "root" / "models" / "qwen3"
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    now = timezone.now()
+
+    stored = refreshed_model_config({}, container, "/models/qwen3", proc, now)
+    assert stored["config"] == QWEN3_30B_A3B
+    assert stored["source"] == "/models/qwen3/config.json in the container"
+
+    (model_dir / "config.json").unlink()  # not looked at again for the same start
+    assert refreshed_model_config(stored, container, "/models/qwen3", proc, now) is stored
+    stopped = _container(container.id, pid=None, state="exited")
+    assert refreshed_model_config(stored, stopped, "/models/qwen3", proc, now) is stored
+
+
 # --- the engine page -----------------------------------------------------------------------------
 
-def test_engine_page_shows_the_roofline_and_the_restart_history(admin_client, node, settings):
-    settings.SPARKOPS_NODE_NAME = "another-node"  # the web process does not run on spark-a
-    cache.clear()
+def test_engine_page_shows_the_roofline_and_the_restart_history(admin_client, node, settings,
+                                                                 tmp_path):
+    # The page reads config.json from the engine's row only, never from its own host's /proc.
+    settings.SPARKOPS_PROCFS = str(tmp_path / "no-proc-here")
     engine = _engine(node)
     now = timezone.now()
     _collections(engine, now, running=[1, 1, 1], decode=[23.0, 23.0, 23.0])
@@ -310,4 +340,4 @@ def test_engine_page_shows_the_roofline_and_the_restart_history(admin_client, no
     assert 'data-field="ratio">0.57<' in page and "57% of the ceiling" in page
     assert "“A12B” in " + NEMOTRON in page
     assert "8 min 12 s" in page and "unplanned" in page and "container exited" in page
-    assert "config.json is read only on the node" in page
+    assert "collector reads it while the container runs" in page

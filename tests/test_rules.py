@@ -1,4 +1,4 @@
-"""The six alert rules over stored state, and the pipeline that turns them into notifications."""
+"""The alert rules over stored state, and the pipeline that turns them into notifications."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -6,13 +6,23 @@ import pytest
 
 from collectors.ledger import build_ledger, record_changes
 from collectors.models import Engine, EngineMetric, EngineSample, Metric, Sample
-from dashboard.alerting import rules
 from dashboard.alerting.models import Alert
 from dashboard.alerting.pipeline import run_alerts
+from dashboard.alerting.rules import (
+    RULES,
+    engine_down,
+    headroom_floor,
+    overcommit,
+    prefill_squeeze,
+    prefill_stall,
+    queue_backlog,
+    restart_failed,
+)
 from dashboard.alerting.settings import rule_settings
 from dashboard.notify.models import Channel, Notification
+from dashboard.restarts.models import Restart
+from sparkops.units import GIB
 
-GIB = 1024**3
 T0 = datetime(2026, 11, 30, 14, 0, tzinfo=UTC)
 
 
@@ -50,7 +60,8 @@ def test_prefill_squeeze_names_the_engine_at_risk_and_the_neighbour_that_grew(no
     at = T0 + timedelta(minutes=2)
     ledger = _ledger(node, at, _figures(14, minimum_gib=5.5), [a, b])
 
-    conditions = rules.prefill_squeeze(node, ledger, [a, b], _thresholds("prefill-squeeze"), at)
+    conditions = prefill_squeeze.evaluate(node, ledger, [a, b], _thresholds("prefill-squeeze"),
+                                          at)
 
     at_risk = next(c for c in conditions if c.engine_id == a.pk)
     assert at_risk.value == pytest.approx(5.5 - 2.0)  # interval minimum − margin
@@ -68,13 +79,13 @@ def test_prefill_squeeze_is_unknown_without_a_need_and_skips_starting_engines(no
     starting = _engine(node, "starting", 8.0, phase="loading", prefill_bytes_per_token=1)
     ledger = _ledger(node, T0, _figures(30), [unknown, starting])
 
-    assert rules.prefill_squeeze(node, ledger, [unknown, starting],
-                                 _thresholds("prefill-squeeze"), T0) == []
+    assert prefill_squeeze.evaluate(node, ledger, [unknown, starting],
+                                    _thresholds("prefill-squeeze"), T0) == []
 
 
 def test_headroom_floor_scales_on_small_machines_and_counts_growing_swap(node):
     ledger = {"mem_total": 24 * GIB, "mem_available": int(1.2 * GIB), "swap_used": 0}
-    low = rules.headroom_floor(node, ledger, [], _thresholds("headroom-floor"), T0)[0]
+    low = headroom_floor.evaluate(node, ledger, [], _thresholds("headroom-floor"), T0)[0]
     assert low.threshold == pytest.approx(24 * 0.065)  # not 8 GiB on a 24 GiB machine
     assert low.crosses_threshold()
 
@@ -82,7 +93,7 @@ def test_headroom_floor_scales_on_small_machines_and_counts_growing_swap(node):
                           value=0)
     swapping = {"mem_total": int(121.69 * GIB), "mem_available": 40 * GIB,
                 "swap_used": 512 * 1024**2}
-    cond = rules.headroom_floor(node, swapping, [], _thresholds("headroom-floor"), T0)[0]
+    cond = headroom_floor.evaluate(node, swapping, [], _thresholds("headroom-floor"), T0)[0]
     assert cond.crosses_threshold() and "swap in use grows 512 MiB/min" in cond.summary
 
 
@@ -94,7 +105,7 @@ def test_queue_backlog_measures_how_long_requests_have_waited(node):
         for s, v in [(0, 4), (5, 4), (10, 3), (15, 2), (20, 1), (25, 0), (30, 0)]
     ])
 
-    cond = rules.queue_backlog(node, {}, [engine], _thresholds("queue-backlog"), T0)[0]
+    cond = queue_backlog.evaluate(node, {}, [engine], _thresholds("queue-backlog"), T0)[0]
 
     assert cond.value == 20.0 and cond.crosses_threshold()
 
@@ -109,7 +120,7 @@ def test_prefill_stall_compares_decode_with_its_recent_rate(node):
                         at=T0 - timedelta(seconds=s), value=1.0) for s in (0, 5)]
     )
 
-    cond = rules.prefill_stall(node, {}, [engine], _thresholds("prefill-stall"), T0)[0]
+    cond = prefill_stall.evaluate(node, {}, [engine], _thresholds("prefill-stall"), T0)[0]
 
     assert cond.value == pytest.approx(1.0 / 16.0) and cond.crosses_threshold()
 
@@ -124,7 +135,7 @@ def test_prefill_stall_compares_decode_with_its_recent_rate(node):
 def test_engine_down_reasons(node, fields, reason):
     engine = _engine(node, "gemma", 8.0, **fields)
 
-    cond = rules.engine_down(node, {}, [engine], {}, T0)[0]
+    cond = engine_down.evaluate(node, {}, [engine], {}, T0)[0]
 
     assert cond.details["reason"] == reason
     assert cond.crosses_threshold() is bool(reason)
@@ -136,11 +147,48 @@ def test_overcommit_counts_pinned_pools_and_utilization_fractions(node):
                        startup={})
     ledger = _ledger(node, T0, _figures(30), [pinned, unpinned])
 
-    cond = rules.overcommit(node, ledger, [pinned, unpinned], _thresholds("overcommit"), T0)[0]
+    cond = overcommit.evaluate(node, ledger, [pinned, unpinned], _thresholds("overcommit"),
+                               T0)[0]
 
     # 15 + 60 + 0.5 GiB pinned, plus 0.5 × 121.69 GiB unpinned = 136.3 GiB of 121.69
     assert cond.value == pytest.approx(75.5 + 0.5 * 121.69 - 121.69, abs=0.01)
     assert cond.crosses_threshold()
+
+
+def test_restart_failed_is_open_while_recent_unless_the_abort_left_the_engine_serving(node):
+    failed, aborted_stopped, aborted_serving, old = (
+        _engine(node, name, 8.0) for name in ("failed", "stopped", "serving", "old"))
+    for engine, status, running, minutes_ago in [
+        (failed, "failed", True, 5), (aborted_stopped, "aborted", False, 5),
+        (aborted_serving, "aborted", True, 5), (old, "interrupted", False, 90),
+    ]:
+        Restart.objects.create(node=node, engine=engine, kind="planned", status=status,
+                               requested_at=T0 - timedelta(minutes=minutes_ago + 1),
+                               finished_at=T0 - timedelta(minutes=minutes_ago),
+                               container_state={"running": running}, outcome=f"{status} here")
+
+    conditions = restart_failed.evaluate(node, {}, [], _thresholds("restart-failed"), T0)
+
+    by_engine = {c.engine_id: c for c in conditions}
+    assert set(by_engine) == {failed.pk, aborted_stopped.pk, old.pk}
+    assert by_engine[failed.pk].crosses_threshold() and by_engine[aborted_stopped.pk].value == 1
+    assert by_engine[old.pk].value == 0.0  # ended 90 min ago: past the 60 min memory
+    assert by_engine[failed.pk].summary == \
+        "failed: planned restart failed at 2026-11-30 13:55:00 UTC: failed here"
+
+
+def test_every_rule_names_its_conditions_after_itself(node):
+    engine = _engine(node, "gemma", 8.0, prefill_bytes_per_token=1, container_state="exited")
+    ledger = _ledger(node, T0, _figures(30), [engine])
+    for kind, status in (("planned", "failed"), ("unplanned", "detected")):
+        Restart.objects.create(node=node, engine=engine, kind=kind, status=status,
+                               requested_at=T0 - timedelta(minutes=1))
+
+    named = {name: {c.rule for c in rule.evaluate(node, ledger, [engine],
+                                                  _thresholds(name), T0)}
+             for name, rule in RULES.items()}
+
+    assert named == {name: {name} for name in RULES}
 
 
 def test_pipeline_queues_one_notification_per_channel_when_an_alert_fires(node):
@@ -198,7 +246,7 @@ def test_causes_are_net_growth_per_component_not_the_biggest_single_step(node):
                                     at=T0 + timedelta(seconds=i), before_bytes=before * GIB,
                                     after_bytes=after * GIB)
 
-    causes = rules._causes(node, at_risk, T0 + timedelta(minutes=1), 30)
+    causes = prefill_squeeze.causes(node, at_risk, T0 + timedelta(minutes=1), 30)
 
     assert [(c["label"], c["growth_bytes"]) for c in causes] == [
         ("nemotron's KV pool", 16 * GIB), ("nemotron's non-KV memory", 12 * GIB)]

@@ -24,7 +24,8 @@ from kombu.transport import filesystem, virtual
 
 from collectors.management.commands import runstack
 from sparkops import fsbroker, stackworker
-from tests.conftest import PROJECT, free_port, subprocess_env, wait_for_port
+from sparkops.testing.ports import free_port, wait_for_port
+from tests.conftest import PROJECT, subprocess_env
 
 SUPERVISE = PROJECT / "sparkops" / "supervise.py"
 
@@ -145,6 +146,7 @@ def test_supervisor_imports_nothing_but_the_standard_library():
     assert not loaded & {"django", "celery", "kombu", "sparkops", "collectors", "dashboard"}
 
 
+@pytest.mark.slow
 def test_supervisor_restarts_a_part_that_crashes_and_leaves_the_others_running(tmp_path):
     web_pids, worker_pids, log = tmp_path / "web", tmp_path / "worker", tmp_path / "log"
     # The worker crashes on its first two starts, then stays up.
@@ -195,6 +197,7 @@ def test_restart_delays_double_to_their_maximum_and_reset_after_a_good_run():
     assert child.restart_at - 25.0 == 1.0
 
 
+@pytest.mark.slow
 def test_supervisor_gives_up_and_stops_all_when_a_part_keeps_crashing(tmp_path):
     web_pids, worker_pids = tmp_path / "web", tmp_path / "worker"
     result = subprocess.run(
@@ -212,6 +215,7 @@ def test_supervisor_gives_up_and_stops_all_when_a_part_keeps_crashing(tmp_path):
     assert not _alive(int(_lines(web_pids)[0]))
 
 
+@pytest.mark.slow
 def test_supervisor_kills_and_restarts_a_worker_whose_heartbeat_stops(tmp_path):
     pids, beat, helper = tmp_path / "pids", tmp_path / "alive", tmp_path / "helper"
     # A worker that beats every 0.1 s and has a child process of its own (as a prefork pool).
@@ -248,6 +252,7 @@ def test_supervisor_kills_and_restarts_a_worker_whose_heartbeat_stops(tmp_path):
     assert "supervise: worker sent no heartbeat for" in log.read_text()
 
 
+@pytest.mark.slow
 def test_supervisor_stops_everything_on_sigterm(tmp_path):
     ready = tmp_path / "ready"
     code = (f"import os, time; open({str(ready)!r} + os.environ['SPEC_VALUE'], 'w')"
@@ -300,6 +305,7 @@ def test_the_beat_thread_is_off_unless_asked_for():
                                for opt in option.opts}
 
 
+@pytest.mark.slow
 def test_a_beat_thread_stopped_with_the_worker_does_not_stop_it_again(monkeypatch, tmp_path):
     kills: list[tuple[int, int]] = []
     monkeypatch.setattr(stackworker.os, "kill", lambda pid, sig: kills.append((pid, sig)))

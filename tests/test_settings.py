@@ -64,6 +64,7 @@ def _deploy_check(tmp_path, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_deploy_checks_report_nothing_with_production_settings(tmp_path):
     """`manage.py check --deploy` is clean once HTTPS and a real secret key are configured."""
     result = _deploy_check(tmp_path, **PRODUCTION)
@@ -72,6 +73,7 @@ def test_deploy_checks_report_nothing_with_production_settings(tmp_path):
     assert "System check identified no issues (0 silenced)." in result.stdout
 
 
+@pytest.mark.slow
 def test_deploy_checks_do_report_a_site_without_https(tmp_path):
     """The check above can fail: without HTTPS, Django names the missing protections."""
     result = _deploy_check(tmp_path, **{**PRODUCTION, "SPARKOPS_HTTPS": "0"})
@@ -80,6 +82,7 @@ def test_deploy_checks_do_report_a_site_without_https(tmp_path):
     assert "security.W004" in result.stderr and "security.W012" in result.stderr
 
 
+@pytest.mark.slow
 def test_malformed_setting_stops_startup_with_its_name(tmp_path):
     env = subprocess_env(SPARKOPS_DATA_DIR=str(tmp_path), SPARKOPS_COLLECT_INTERVAL="5s")
     result = subprocess.run([sys.executable, "manage.py", "check"], cwd=PROJECT, env=env,

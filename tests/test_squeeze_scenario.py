@@ -30,9 +30,11 @@ from dashboard.alerting.pipeline import run_alerts
 from dashboard.alerting.settings import RULES
 from dashboard.notify.models import Channel
 from dashboard.notify.outbox import deliver_due
-from tests.conftest import PROJECT, free_port
+from sparkops.testing.ports import free_port
+from sparkops.testing.webhooks import WebhookReceiver
+from tests.conftest import PROJECT
 from tests.containers import podman, run_container, unique_name
-from tests.notify.servers import ScriptedSMTPHandler, WebhookReceiver, smtp_server
+from tests.notify.servers import ScriptedSMTPHandler, smtp_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 GIB = 1024**3

@@ -18,7 +18,8 @@ import psycopg
 import pytest
 import requests
 
-from tests.conftest import PROJECT, free_port, subprocess_env, wait_for_port
+from sparkops.testing.ports import free_port, wait_for_port
+from tests.conftest import PROJECT, subprocess_env
 
 pytestmark = pytest.mark.slow
 PASSWORD = "stack-test-password-1"

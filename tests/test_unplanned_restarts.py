@@ -14,7 +14,8 @@ from dashboard.alerting.models import Alert
 from dashboard.alerting.pipeline import run_alerts
 from dashboard.restarts.models import Restart
 from dashboard.restarts.unplanned import record_unplanned_restarts
-from tests.conftest import PROJECT, free_port
+from sparkops.testing.ports import free_port
+from tests.conftest import PROJECT
 from tests.containers import podman, run_container, unique_name
 
 T0 = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)

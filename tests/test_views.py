@@ -25,7 +25,7 @@ def _collect(node, at, available, free=None, ok=True, error=""):
 
 
 @pytest.mark.parametrize("path", [
-    "/", "/nodes/spark-a/", "/api/nodes/spark-a/headroom.json", "/api/nodes/spark-a/memory.json",
+    "/", "/nodes/spark-a/", "/api/nodes/spark-a/headroom.json", "/api/nodes/spark-a/timeline.json",
 ])
 def test_anonymous_users_are_sent_to_login(client, node, path):
     response = client.get(path)
@@ -81,7 +81,7 @@ def test_failed_collection_is_explained_on_the_page_and_in_json(admin_client, no
 
     data = admin_client.get("/api/nodes/spark-a/headroom.json").json()
     page = admin_client.get("/nodes/spark-a/").content.decode()
-    chart = admin_client.get("/api/nodes/spark-a/memory.json?range=1h").json()
+    chart = admin_client.get("/api/nodes/spark-a/timeline.json?range=1h").json()
 
     assert data["last_ok"] is False
     assert all(f["value"] is None for f in data["figures"])
@@ -98,7 +98,7 @@ def test_no_collection_yet_is_stale_and_unknown(admin_client, node):
     assert {f["unknown_reason"] for f in data["figures"]} == {"no collection yet"}
 
 
-def test_memory_json_downsamples_and_keeps_the_dip(admin_client, node, settings):
+def test_timeline_json_downsamples_and_keeps_the_dip(admin_client, node, settings):
     settings.SPARKOPS_MAX_CHART_POINTS = 600
     now = timezone.now()
     rows = [
@@ -108,7 +108,7 @@ def test_memory_json_downsamples_and_keeps_the_dip(admin_client, node, settings)
     ]
     Sample.objects.bulk_create(rows)
 
-    data = admin_client.get("/api/nodes/spark-a/memory.json?range=1h").json()
+    data = admin_client.get("/api/nodes/spark-a/timeline.json?range=1h").json()
 
     available = next(s for s in data["series"] if s["key"] == "mem_available")
     assert len(available["x"]) <= 600
@@ -116,7 +116,7 @@ def test_memory_json_downsamples_and_keeps_the_dip(admin_client, node, settings)
     assert data["source"] == "raw"
 
 
-def test_memory_json_uses_rollups_for_long_ranges(admin_client, node):
+def test_timeline_json_uses_rollups_for_long_ranges(admin_client, node):
     from collectors.models import Rollup
 
     hour = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(days=20)
@@ -125,7 +125,7 @@ def test_memory_json_uses_rollups_for_long_ranges(admin_client, node):
     node.rolled_up_until = hour + timedelta(hours=1)
     node.save()
 
-    data = admin_client.get("/api/nodes/spark-a/memory.json?range=30d").json()
+    data = admin_client.get("/api/nodes/spark-a/timeline.json?range=30d").json()
 
     available = next(s for s in data["series"] if s["key"] == "mem_available")
     assert data["source"] == "1 h"
@@ -134,7 +134,7 @@ def test_memory_json_uses_rollups_for_long_ranges(admin_client, node):
 
 @pytest.mark.parametrize("query", ["range=2h", "range=1h&max_points=lots"])
 def test_bad_chart_parameters_get_a_clear_error(admin_client, node, query):
-    response = admin_client.get(f"/api/nodes/spark-a/memory.json?{query}")
+    response = admin_client.get(f"/api/nodes/spark-a/timeline.json?{query}")
 
     assert response.status_code == 400
     assert response.json()["error"]

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from sparkops.testing.ports import wait_for
+from sparkops.testing.webhooks import Reply, WebhookReceiver
 from tests.conftest import PROJECT, subprocess_env
-from tests.notify.servers import Reply, WebhookReceiver
 
 pytestmark = pytest.mark.slow
 
@@ -55,14 +56,6 @@ def _kick(env: dict[str, str]) -> None:
                                 "deliver_notifications.delay()")
 
 
-def _wait(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout} s")
-        time.sleep(0.2)
-
-
 def test_notification_survives_a_worker_killed_mid_send(tmp_path):
     data = tmp_path / "data"
     env = subprocess_env(SPARKOPS_DATA_DIR=str(data), SPARKOPS_NODE_NAME="kill-test",
@@ -77,7 +70,7 @@ def test_notification_survives_a_worker_killed_mid_send(tmp_path):
         first = _worker(env, log)
         try:
             _kick(env)
-            _wait(lambda: len(receiver.requests) == 1, 30, "the first send")
+            wait_for(lambda: len(receiver.requests) == 1, 30, "the first send", period=0.2)
             os.killpg(first.pid, signal.SIGKILL)  # mid-send: the receiver never answered
             first.wait(timeout=10)
         finally:
@@ -91,8 +84,8 @@ def test_notification_survives_a_worker_killed_mid_send(tmp_path):
         try:
             time.sleep(3.5)  # the dead worker's claim goes stale
             _kick(env)
-            _wait(lambda: len(receiver.requests) == 2, 30, "the redelivery")
-            _wait(lambda: _delivered(data), 10, "recording the delivery")
+            wait_for(lambda: len(receiver.requests) == 2, 30, "the redelivery", period=0.2)
+            wait_for(lambda: _delivered(data), 10, "recording the delivery", period=0.2)
         finally:
             os.killpg(second.pid, signal.SIGTERM)
             second.wait(timeout=20)

@@ -78,7 +78,8 @@ def _build_engine(config: EmulatorConfig, plan: KvPlan, buffer: TransientBuffer)
 
 
 def _announce_ready(log: VllmLog, config: EmulatorConfig, plan: KvPlan, url: str) -> None:
-    """The API server's lines once the engine is up (§2.3), ending in uvicorn's startup."""
+    """The API server's lines once the engine is up (`Starting vLLM server on …`, the
+    routes), ending in uvicorn's startup."""
     if not config.style.modern:
         log.api(*messages.cache_config_info_logged(plan.num_gpu_blocks))
     log.api(*messages.supported_tasks(config.style))

@@ -9,8 +9,8 @@ container operator needs and strict in the way vLLM is:
   existing in 0.10) fail like argparse does in vLLM: usage, `vllm serve: error: unrecognized
   arguments: …`, exit status 2;
 * `--max_model_len` is read as `--max-model-len` (vLLM's FlexibleArgumentParser does this) and a
-  unique prefix such as `--kv-cache-memory=…` is accepted (argparse's abbreviations; ENGINES.md §3
-  notes that the form printed in vLLM's own advice relies on it);
+  unique prefix such as `--kv-cache-memory=…` is accepted (argparse's abbreviations: the
+  `--kv-cache-memory=…` form that vLLM's own sizing advice prints works only through them);
 * flags starting with `--emulator-` configure the emulator itself.
 
 The standard library is all this package may import: containers run it with the system python3.
@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from .styles import STYLES, Style
 from .units import human_readable_int
@@ -30,7 +30,8 @@ from .units import human_readable_int
 PROG = "vllm serve"
 
 # fmt: off
-# ENGINES.md §3 (`--kv-cache-dtype`); platforms can register more, we only know these.
+# `--kv-cache-dtype` values of vLLM 0.33.0 (vllm/config/cache.py); platforms can register more,
+# we only know these.
 KV_CACHE_DTYPES = frozenset({
     "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
     "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
@@ -38,7 +39,8 @@ KV_CACHE_DTYPES = frozenset({
     "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6",
 })
 
-# ENGINES.md §3 (`--moe-backend`, vllm/config/kernel.py:MoEBackend); `aiter*` is a family.
+# `--moe-backend` values of vLLM 0.33.0 (vllm/config/kernel.py:MoEBackend, added in v0.17.0 by
+# PR #33807); `aiter*` (ROCm) is a family.
 MOE_BACKENDS = frozenset({
     "auto", "triton", "batched_triton", "deep_gemm", "deep_gemm_mega_moe", "cutlass",
     "flashinfer_trtllm", "flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_moe_ep_cutedsl",
@@ -159,7 +161,8 @@ class EmulatorConfig:
 
     @property
     def model_name(self) -> str:
-        """The `model_name` label: the first served name, else the model (ENGINES.md §1.1)."""
+        """The `model_name` label: the first served name, else the model (vLLM's
+        vllm/config/model.py:get_served_model_name)."""
         return self.served_model_names[0] if self.served_model_names else self.model
 
 
@@ -351,43 +354,13 @@ def _parse_tokens(argv: Sequence[str], style: Style) -> tuple[dict[str, Any], di
             continue
         name, inline = _normalise(token)
         if name in style.rejected_flags:
-            rest = [inline] if inline is not None else []
-            if inline is None and i < len(tokens) and _looks_like_value(tokens[i]):
-                rest.append(tokens[i])
-            raise CliError("unrecognized arguments: " + " ".join([name, *rest]))
+            _reject(name, inline, tokens, i)
         known = _resolve(name)
         if known is None or known in IGNORED_VLLM_FLAGS:
-            takes_value = IGNORED_VLLM_FLAGS.get(known) if known else None
-            if takes_value is None:  # unknown: a following non-flag token is its value
-                takes_value = i < len(tokens) and _looks_like_value(tokens[i])
-            value: Any = True
-            if inline is not None:
-                value = _literal(inline)
-            elif takes_value and i < len(tokens):
-                value = _literal(tokens[i])
-                i += 1
-            if name.startswith("--no-") and value is True:
-                shown[name[5:].replace("-", "_")] = False
-            else:
-                shown[(known or name).lstrip("-").replace("-", "_")] = value
+            i = _read_ignored(name, known, inline, tokens, i, shown)
             continue
         flag = _FLAGS[known]
-        if flag.convert is None:
-            if inline is not None:
-                raise CliError(f"argument {known}: ignored explicit argument {inline!r}")
-            values[flag.dest] = flag.const
-        else:
-            raw: list[str] = [inline] if inline is not None else []
-            while i < len(tokens) and _looks_like_value(tokens[i]) and (flag.many or not raw):
-                raw.append(tokens[i])
-                i += 1
-            if not raw:
-                raise CliError(f"argument {known}: expected one argument")
-            try:
-                converted = [flag.convert(r) for r in raw]
-            except ValueError as exc:
-                raise CliError(f"argument {known}: {exc}") from None
-            values[flag.dest] = converted if flag.many else converted[0]
+        i = _read_honoured(flag, known, inline, tokens, i, values)
         if flag.vllm:
             shown[flag.dest] = values[flag.dest]
     if len(positionals) > 1:
@@ -396,6 +369,58 @@ def _parse_tokens(argv: Sequence[str], style: Style) -> tuple[dict[str, Any], di
         values["model_tag"] = positionals[0]
         shown = {"model_tag": positionals[0], **shown}
     return values, shown
+
+
+def _reject(name: str, inline: str | None, tokens: list[str], i: int) -> NoReturn:
+    """A flag the impersonated release rejects: argparse's "unrecognized arguments", naming
+    the flag and the value that follows it, if any."""
+    rest = [inline] if inline is not None else []
+    if inline is None and i < len(tokens) and _looks_like_value(tokens[i]):
+        rest.append(tokens[i])
+    raise CliError("unrecognized arguments: " + " ".join([name, *rest]))
+
+
+def _read_ignored(name: str, known: str | None, inline: str | None, tokens: list[str], i: int,
+                  shown: dict[str, Any]) -> int:
+    """An ignored or unknown flag (``tokens[i - 1]``): record it in ``shown`` the way vLLM
+    prints it and return the index after it and its value."""
+    takes_value = IGNORED_VLLM_FLAGS.get(known) if known else None
+    if takes_value is None:  # unknown: a following non-flag token is its value
+        takes_value = i < len(tokens) and _looks_like_value(tokens[i])
+    value: Any = True
+    if inline is not None:
+        value = _literal(inline)
+    elif takes_value and i < len(tokens):
+        value = _literal(tokens[i])
+        i += 1
+    if name.startswith("--no-") and value is True:
+        shown[name[5:].replace("-", "_")] = False
+    else:
+        shown[(known or name).lstrip("-").replace("-", "_")] = value
+    return i
+
+
+def _read_honoured(flag: _Flag, known: str, inline: str | None, tokens: list[str], i: int,
+                   values: dict[str, Any]) -> int:
+    """A flag the emulator honours (``tokens[i - 1]``): convert its value(s) into
+    ``values[flag.dest]`` and return the index after them; CliError as argparse words it."""
+    if flag.convert is None:
+        if inline is not None:
+            raise CliError(f"argument {known}: ignored explicit argument {inline!r}")
+        values[flag.dest] = flag.const
+        return i
+    raw: list[str] = [inline] if inline is not None else []
+    while i < len(tokens) and _looks_like_value(tokens[i]) and (flag.many or not raw):
+        raw.append(tokens[i])
+        i += 1
+    if not raw:
+        raise CliError(f"argument {known}: expected one argument")
+    try:
+        converted = [flag.convert(r) for r in raw]
+    except ValueError as exc:
+        raise CliError(f"argument {known}: {exc}") from None
+    values[flag.dest] = converted if flag.many else converted[0]
+    return i
 
 
 def _style_of(argv: Sequence[str]) -> Style:
@@ -414,7 +439,7 @@ def _style_of(argv: Sequence[str]) -> Style:
 
 
 def _stats_interval_default() -> float:
-    # ENGINES.md §3: VLLM_LOG_STATS_INTERVAL, default 10 s.
+    # vLLM's VLLM_LOG_STATS_INTERVAL (vllm/envs.py), default 10 s.
     try:
         return float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10"))
     except ValueError:
@@ -434,7 +459,11 @@ def _load_from(values: dict[str, Any]) -> LoadSpec | None:
 
 
 def parse_args(argv: Sequence[str]) -> EmulatorConfig:
-    """Build the configuration from argv (without the program name); raise CliError if refused."""
+    """Build the configuration from argv (without the program name); raise CliError if refused.
+
+    Checks run in a fixed order (model, the ranged vLLM flags, then each default-bearing flag
+    in field order), so a line with several bad values always names the same one.
+    """
     style = _style_of(argv)
     values, shown = _parse_tokens(argv, style)
     model = values.get("model") or values.get("model_tag")
@@ -443,26 +472,49 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
     if "model" in values and "model_tag" in values and values["model"] != values["model_tag"]:
         raise CliError("model_tag and --model disagree")
     shown.setdefault("model", model)
+    checked = _ranged(values, style)
+    bounded = _Bounded(values)
+    return EmulatorConfig(
+        style=style,
+        version=values.get("emulator_version", style.default_version),
+        model=model,
+        served_model_names=tuple(values.get("served_model_name", ())),
+        host=values.get("host"),
+        **checked,
+        **_vllm_fields(values, bounded),
+        **_emulator_fields(values, bounded),
+        non_default_args=shown,
+    )
 
-    def positive(dest: str, default: float) -> Any:
-        value = values.get(dest, default)
+
+class _Bounded:
+    """Reads a flag's value or its default, refusing one out of range as argparse words it."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self._values = values
+
+    def positive(self, dest: str, default: float) -> Any:
+        value = self._values.get(dest, default)
         if value <= 0:
             raise CliError(f"argument --{dest.replace('_', '-')}: must be > 0")
         return value
 
-    def not_negative(dest: str, default: float) -> Any:
-        value = values.get(dest, default)
+    def not_negative(self, dest: str, default: float) -> Any:
+        value = self._values.get(dest, default)
         if value < 0:
             raise CliError(f"argument --{dest.replace('_', '-')}: must be >= 0")
         return value
 
+
+def _ranged(values: dict[str, Any], style: Style) -> dict[str, Any]:
+    """The fields whose flags have a range of their own, checked first and in this order."""
     util = values.get("gpu_memory_utilization", style.default_gpu_memory_utilization)
     if not 0 < util <= 1:
         raise CliError("argument --gpu-memory-utilization: must be in (0, 1]")
     port = values.get("port", 8000)
     if not 0 <= port <= 65535:
         raise CliError("argument --port: must be in 0..65535")
-    hit_rate = not_negative("emulator_prefix_hit_rate", 0.0)
+    hit_rate = _Bounded(values).not_negative("emulator_prefix_hit_rate", 0.0)
     if hit_rate > 1:
         raise CliError("argument --emulator-prefix-hit-rate: must be in [0, 1]")
     kv_bytes = values.get("kv_cache_memory_bytes")
@@ -471,46 +523,48 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
     max_model_len = values.get("max_model_len", 8192)
     if max_model_len is not None and max_model_len <= 0:
         raise CliError("argument --max-model-len: must be > 0, -1 or auto")
+    return {"gpu_memory_utilization": util, "port": port, "prefix_hit_rate": hit_rate,
+            "kv_cache_memory_bytes": kv_bytes, "max_model_len": max_model_len}
 
-    return EmulatorConfig(
-        style=style,
-        version=values.get("emulator_version", style.default_version),
-        model=model,
-        served_model_names=tuple(values.get("served_model_name", ())),
-        host=values.get("host"),
-        port=port,
-        kv_cache_memory_bytes=kv_bytes,
-        gpu_memory_utilization=util,
-        max_model_len=max_model_len,
-        # ENGINES.md §3: GB10 stays on the small scheduler tier, 256 seqs / 2048 batched tokens.
-        max_num_seqs=positive("max_num_seqs", 256),
-        max_num_batched_tokens=positive("max_num_batched_tokens", 2048),
-        block_size=positive("block_size", 16),
-        user_specified_block_size="block_size" in values,
-        moe_backend=values.get("moe_backend", "auto"),
-        quantization=values.get("quantization"),
-        enforce_eager=values.get("enforce_eager", False),
-        kv_cache_dtype=values.get("kv_cache_dtype", "auto"),
-        enable_prefix_caching=values.get("enable_prefix_caching", True),
-        disable_log_stats=values.get("disable_log_stats", False),
-        disable_access_log=values.get("disable_uvicorn_access_log", False),
-        weights_bytes=not_negative("emulator_weights_bytes", 64 << 20),
-        kv_cap_bytes=positive("emulator_kv_cap_bytes", 256 << 20),
-        kv_bytes_per_token=positive("emulator_kv_bytes_per_token", 16),
-        activation_bytes_per_token=not_negative("emulator_activation_bytes_per_token", 1024),
-        graph_bytes=not_negative("emulator_graph_bytes", 0),
-        load_seconds=not_negative("emulator_load_seconds", 1.0),
-        profile_seconds=not_negative("emulator_profile_seconds", 1.0),
-        graph_seconds=not_negative("emulator_graph_seconds", 1.0),
-        prefill_tps=positive("emulator_prefill_tps", 2000.0),
-        decode_tps=positive("emulator_decode_tps", 40.0),
-        load=_load_from(values),
-        prefix_hit_rate=hit_rate,
-        fail=values.get("emulator_fail", "none"),
-        strict_memory=values.get("emulator_strict_memory", False),
-        stats_interval=positive("emulator_stats_interval", _stats_interval_default()),
-        non_default_args=shown,
-    )
+
+def _vllm_fields(values: dict[str, Any], bounded: _Bounded) -> dict[str, Any]:
+    """The remaining fields that real vLLM flags set, with vLLM's defaults."""
+    return {
+        # vLLM 0.33 detects GB10 (compute capability 12.1) and keeps it on the small scheduler
+        # tier of EngineArgs.get_batch_defaults: 256 seqs, 2048 batched tokens (API server).
+        "max_num_seqs": bounded.positive("max_num_seqs", 256),
+        "max_num_batched_tokens": bounded.positive("max_num_batched_tokens", 2048),
+        "block_size": bounded.positive("block_size", 16),
+        "user_specified_block_size": "block_size" in values,
+        "moe_backend": values.get("moe_backend", "auto"),
+        "quantization": values.get("quantization"),
+        "enforce_eager": values.get("enforce_eager", False),
+        "kv_cache_dtype": values.get("kv_cache_dtype", "auto"),
+        "enable_prefix_caching": values.get("enable_prefix_caching", True),
+        "disable_log_stats": values.get("disable_log_stats", False),
+        "disable_access_log": values.get("disable_uvicorn_access_log", False),
+    }
+
+
+def _emulator_fields(values: dict[str, Any], bounded: _Bounded) -> dict[str, Any]:
+    """The fields that `--emulator-*` flags set: sizes, durations, rates, load and faults."""
+    return {
+        "weights_bytes": bounded.not_negative("emulator_weights_bytes", 64 << 20),
+        "kv_cap_bytes": bounded.positive("emulator_kv_cap_bytes", 256 << 20),
+        "kv_bytes_per_token": bounded.positive("emulator_kv_bytes_per_token", 16),
+        "activation_bytes_per_token": bounded.not_negative(
+            "emulator_activation_bytes_per_token", 1024),
+        "graph_bytes": bounded.not_negative("emulator_graph_bytes", 0),
+        "load_seconds": bounded.not_negative("emulator_load_seconds", 1.0),
+        "profile_seconds": bounded.not_negative("emulator_profile_seconds", 1.0),
+        "graph_seconds": bounded.not_negative("emulator_graph_seconds", 1.0),
+        "prefill_tps": bounded.positive("emulator_prefill_tps", 2000.0),
+        "decode_tps": bounded.positive("emulator_decode_tps", 40.0),
+        "load": _load_from(values),
+        "fail": values.get("emulator_fail", "none"),
+        "strict_memory": values.get("emulator_strict_memory", False),
+        "stats_interval": bounded.positive("emulator_stats_interval", _stats_interval_default()),
+    }
 
 
 def parse_or_exit(argv: Sequence[str]) -> EmulatorConfig:

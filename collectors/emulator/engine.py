@@ -1,6 +1,6 @@
 """The emulated V1 engine: a continuous-batching scheduler that runs on the wall clock.
 
-Model (BRIEF.md, "The physics"; ENGINES.md §3 "Scheduling and throughput"):
+Model (vLLM V1's scheduler as configured by `--max-num-batched-tokens` and `--max-num-seqs`):
 
 * One engine step at a time. Each step has a token budget of `max_num_batched_tokens`. Running
   requests are scheduled first, in arrival order: a decoding request costs one token of budget, a
@@ -11,7 +11,8 @@ Model (BRIEF.md, "The physics"; ENGINES.md §3 "Scheduling and throughput"):
   (`1 / decode_tps`, per sequence and independent of batch size). Because the prefill chunk and
   the decode tokens share one step, a long prompt stalls every other sequence on the engine: they
   get one token per chunk instead of `decode_tps` per second. That is the "no concurrent partial
-  prefill" behaviour of vLLM V1 (BRIEF.md: others fall from 16 tok/s to 0–1 during a long prompt).
+  prefill" behaviour of vLLM V1: on a GB10 the other sequences fall from about 16 tok/s to 0–1
+  while a long prompt prefills.
 * While a step carries prefill tokens, the engine holds a transient activation buffer of
   `prefill tokens × activation_bytes_per_token` (at most `max_num_batched_tokens × …`), really
   resident, and releases it when no prefill runs.

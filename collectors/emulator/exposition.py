@@ -1,7 +1,7 @@
 """A minimal Prometheus registry and its text exposition (format 0.0.4), standard library only.
 
 The output mimics what `prometheus_client.generate_latest` produces for vLLM, because that is what
-a real `/metrics` returns (ENGINES.md §1.1):
+a real `/metrics` returns (vllm/entrypoints/serve/instrumentator/metrics.py):
 
 * a counter declared as `vllm:prompt_tokens` is exposed as `vllm:prompt_tokens_total`, and its
   creation time as a separate gauge family `vllm:prompt_tokens_created`;

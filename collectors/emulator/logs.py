@@ -1,6 +1,6 @@
 """The log writer: vLLM's line prefixes, one flushed line at a time.
 
-ENGINES.md §2.1: a line is `(<Proc> pid=N) LEVEL MM-DD HH:MM:SS [file.py:LINE] message`. vLLM
+A vLLM line is `(<Proc> pid=N) LEVEL MM-DD HH:MM:SS [file.py:LINE] message`. vLLM
 prefixes *everything* a process writes to stdout, so uvicorn's own lines come out as
 `(APIServer pid=N) INFO:     Application startup complete.`.
 

@@ -1,12 +1,12 @@
 """Real memory for an emulated engine: weights, KV pool, CUDA graphs, transient prefill buffers.
 
 On a GB10 the GPU's memory *is* host memory, so an engine's reservations show up in MemFree and
-MemAvailable (BRIEF.md, "Three free numbers"). The emulator makes the same thing true on any
-Linux box: every reservation is a private anonymous mapping whose pages are all touched (one byte
-written per page), so the kernel really backs it, the process's VmRSS grows by its size and the
-host's MemFree/MemAvailable fall by it. Private (not shared) on purpose: a shared anonymous mapping
-is accounted as shmem, which /proc/meminfo reports under `Cached`, and SparkOps would mistake the
-emulator for page cache.
+MemAvailable (and in CUDA's own free figure, which follows MemFree). The emulator makes the same
+thing true on any Linux box: every reservation is a private anonymous mapping whose pages are all
+touched (one byte written per page), so the kernel really backs it, the process's VmRSS grows by
+its size and the host's MemFree/MemAvailable fall by it. Private (not shared) on purpose: a
+shared anonymous mapping is accounted as shmem, which /proc/meminfo reports under `Cached`, and
+SparkOps would mistake the emulator for page cache.
 """
 
 from __future__ import annotations
@@ -71,8 +71,9 @@ class Reservation:
 class TransientBuffer:
     """The activation buffer a prefill step holds, resized per step and released when idle.
 
-    vLLM's prefill grabs a buffer as wide as the tokens it batches (BRIEF.md, "Transient prefill
-    buffers"); decode holds about one step of activations, which is negligible and not modelled.
+    vLLM's prefill grabs an activation buffer as wide as the tokens it batches (the profile run
+    sizes its peak with `max_num_batched_tokens` for that reason); decode holds about one step of
+    activations, which is negligible and not modelled.
     Thread-safe: the engine resizes it, a shutdown frees it.
     """
 
@@ -123,6 +124,6 @@ def read_meminfo(path: Path = MEMINFO) -> dict[str, int]:
 
 def host_memory() -> tuple[int, int]:
     """(MemTotal, MemFree) in bytes — the pair CUDA's `mem_get_info` follows on a GB10
-    (ENGINES.md §4: free memory there tracks MemFree, not MemAvailable)."""
+    (`torch.cuda.mem_get_info` there follows MemFree: reclaimable page cache is not free)."""
     info = read_meminfo()
     return info.get("MemTotal", 0), info.get("MemFree", 0)

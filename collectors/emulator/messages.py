@@ -1,9 +1,10 @@
 """The text of every vLLM line the emulator prints, per style.
 
-Each function returns `(source, message)` for `VllmLog.api/core`. Texts follow ENGINES.md §2.2
-(memory planning), §2.3 (server), §2.4 (stats) and the failures listed under §2.2; the `0.10`
-variants are the "older variants seen in real logs" column. Line numbers are plausible, not real:
-ENGINES.md §2.1 says they change between every version and must never be matched on.
+Each function returns `(source, message)` for `VllmLog.api/core`. The `0.33` texts are those of
+the vLLM 0.33.0 wheel (vllm/v1/worker/gpu_worker.py, gpu_model_runner.py,
+vllm/v1/core/kv_cache_utils.py, vllm/v1/metrics/loggers.py, vllm/entrypoints/...); the `0.10`
+variants are texts seen in real 2025 logs in public vLLM issues. Line numbers are plausible, not
+real: they change between every vLLM version, so nothing may match on them.
 
 Numbers: 2026 code formats GiB as `str(round(x, 2))` (so `0.19`, `5.0`); 2025 code used `%.2f`
 or `%.4f` depending on the line.
@@ -31,7 +32,8 @@ def api_version(style: Style, version: str) -> Line:
 
 
 def non_default_args(style: Style, args: dict[str, Any]) -> Line:
-    # §2.3: a Python dict repr, the easiest way to recover the flags from a log.
+    # vllm/entrypoints/common/startup.py: a Python dict repr, the easiest way to recover the
+    # flags from a log.
     source = "startup.py:118" if style.modern else "utils.py:326"
     return source, f"non-default args: {args!r}"
 
@@ -61,7 +63,8 @@ def engine_config(
     enable_prefix_caching: bool,
     moe_backend: str,
 ) -> Line:
-    """§2.3: the line that gives the vLLM version and the effective engine config."""
+    """`Initializing a V1 LLM engine (vX) with config: …`: the line that gives the vLLM
+    version and the effective engine config."""
     parts = [
         f"model='{model}'",
         "speculative_config=None",
@@ -118,7 +121,8 @@ def warmup_took(style: Style, seconds: float) -> Line:
 
 
 def cudagraph_profile() -> Line:
-    """§2.2: the first of the two CUDA-graph estimate lines (2026)."""
+    """The first of the two CUDA-graph estimate lines (2026; gpu_model_runner.py
+    profile_cudagraph_memory)."""
     return "gpu_model_runner.py:4680", (
         "Profiling CUDA graph memory: PIECEWISE=51 (largest=512), FULL=35 (largest=256)"
     )
@@ -132,7 +136,7 @@ def estimated_cudagraph_memory(graph_bytes: int) -> Line:
 
 
 def available_kv(style: Style, pool_bytes: int) -> Line:
-    # Not printed when --kv-cache-memory-bytes is set (§2.2).
+    # gpu_worker.py:determine_available_memory; not printed when --kv-cache-memory-bytes is set.
     return ("gpu_worker.py:388" if style.modern else "gpu_worker.py:276"), (
         f"Available KV cache memory: {_gib(style, pool_bytes)} GiB"
     )
@@ -151,7 +155,8 @@ def pinned_kv(style: Style, initial_free: int, pool_bytes: int) -> Line:
 
 
 def cudagraph_accounting_note(util: float, graph_bytes: int, mem_total: int) -> Line:
-    """§2.2: the v0.21+ note on graph memory profiling, for an unpinned pool (2026 style only)."""
+    """The v0.21+ note on graph memory profiling (gpu_worker.py), for an unpinned pool (2026
+    style only)."""
     share = graph_bytes / mem_total if mem_total else 0.0
     return "gpu_worker.py:421", (
         "CUDA graph memory profiling is enabled (default since v0.21.0). The current "
@@ -164,7 +169,8 @@ def cudagraph_accounting_note(util: float, graph_bytes: int, mem_total: int) -> 
 
 
 def kv_capacity(style: Style, plan: KvPlan) -> list[Line]:
-    """§2.2: one combined line since PR #50462 (2026), two lines before."""
+    """kv_cache_utils.py:update_kv_cache_capacity: one combined line since vLLM PR #50462
+    (2026), two lines before."""
     size = f"GPU KV cache size: {plan.tokens:,} tokens"
     concurrency = (
         f"Maximum concurrency for {plan.max_model_len:,} tokens per request: "
@@ -203,7 +209,7 @@ def sizing_advice(
     full_bytes: int,
     in_use: int,
 ) -> Line:
-    """§2.2: the advice printed when KV bytes were not pinned (2026 style)."""
+    """gpu_worker.py's sizing advice, printed when KV bytes were not pinned (2026 style)."""
     f = format_gib_2026
     return "gpu_worker.py:466", (
         f"Free memory on device ({f(mem_free)}/{f(mem_total)} GiB) on startup. Desired GPU "
@@ -276,7 +282,8 @@ def stats_line(
     kv_usage: float,
     prefix_hit_rate: float | None,
 ) -> Line:
-    """§2.4, logged by the frontend every VLLM_LOG_STATS_INTERVAL seconds while busy."""
+    """The periodic stats line of vllm/v1/metrics/loggers.py, logged by the frontend every
+    VLLM_LOG_STATS_INTERVAL seconds while busy."""
     parts = [
         f"Engine 000: Avg prompt throughput: {prompt_tps:.1f} tokens/s",
         f"Avg generation throughput: {generation_tps:.1f} tokens/s",
@@ -291,7 +298,7 @@ def stats_line(
     return ("loggers.py:259" if style.modern else "loggers.py:123"), ", ".join(parts)
 
 
-# --- failures (§2.2 "Startup failures worth detecting") ----------------------------------------
+# --- startup failures (vllm/v1/worker/utils.py, vllm/v1/core/kv_cache_planning.py) -----------
 
 
 def free_memory_error(style: Style, mem_free: int, mem_total: int, util: float) -> str:
@@ -316,7 +323,7 @@ def profiling_error(initial_free: int, current_free: int) -> str:
 
 
 def max_seq_len_error(max_model_len: int, needed: int, available: int, estimated: int) -> str:
-    # The stray "(" before the GiB figure is in vLLM's source (§2.2).
+    # The stray "(" before the GiB figure is in vLLM's source (kv_cache_planning.py).
     return (
         f"ValueError: To serve at least one request with the model's max seq len "
         f"({max_model_len}), ({needed / GIB:.2f} GiB KV cache is needed, which is larger than the "

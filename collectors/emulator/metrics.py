@@ -1,9 +1,10 @@
 """The engine's Prometheus metrics, named and labelled like the impersonated vLLM release.
 
-Families follow ENGINES.md §1.2 (0.33) and §1.4 (the 2025 names), buckets §1.2 ("Default
-histogram buckets", `vllm/v1/metrics/buckets.py`). Every engine series carries `model_name`
-(first served name, else the model) and `engine="0"`; `cache_config_info` carries the CacheConfig
-fields of §1.3 plus `engine` and no `model_name`.
+Families follow `PrometheusStatLogger` in vllm/v1/metrics/loggers.py of the 0.33.0 wheel, and
+for the `0.10` style the names before vLLM PRs #18354 and #29330 renamed them; buckets are the
+defaults of `vllm/v1/metrics/buckets.py`. Every engine series carries `model_name` (first served
+name, else the model) and `engine="0"`; `cache_config_info` carries every CacheConfig field
+(`vllm/config/cache.py:metrics_info`) plus `engine`, and no `model_name`.
 
 All series are created when the engine initialises (as vLLM pre-creates them), so a scrape right
 after startup already shows zeros and a restart shows fresh `_created` times and reset counters.
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from .exposition import Family, Series, go_float, render_family
 from .styles import Style
 
-# ENGINES.md §1.2, default buckets.
+# vLLM's default buckets (vllm/v1/metrics/buckets.py).
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
@@ -95,9 +96,21 @@ class EngineMetrics:
         self._lock = threading.Lock()
         self._base = {"model_name": model_name, "engine": engine}
         self._families: list[Family] = []
-        modern = style.modern
-        lengths = one_two_five_buckets(max_model_len)
+        # Declaration order is exposition order, as in vLLM's PrometheusStatLogger.
+        self._declare_gauges(style)
+        self._declare_counters(style)
+        self._declare_token_histograms(style, one_two_five_buckets(max_model_len))
+        self._declare_latency_histograms(style)
+        # loggers.py:log_metrics_info: labels are the CacheConfig fields plus `engine`, never
+        # `model_name`.
+        info = Family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig",
+                      (*cache_config, "engine"))
+        info.series(**cache_config, engine=engine).set(1)
+        self._families.append(info)
 
+    def _declare_gauges(self, style: Style) -> None:
+        """The scheduler-state gauges: running, waiting (by reason), KV usage, sleep state."""
+        modern = style.modern
         self.running = self._single("vllm:num_requests_running", "gauge",
                                     "Number of requests in model execution batches.")
         self.waiting = self._single("vllm:num_requests_waiting", "gauge",
@@ -118,6 +131,10 @@ class EngineMetrics:
                                    "sleep level 1; discard_all = 1 means sleep level 2.",
                                    "sleep_state", ("awake", "weights_offloaded", "discard_all"))
             sleep["awake"].set(1)
+
+    def _declare_counters(self, style: Style) -> None:
+        """The token and request counters (exposed with `_total` and a `_created` twin)."""
+        modern = style.modern
         self.prefix_queries = self._single(style.prefix_queries_metric, "counter",
                                            "Prefix cache queries, in terms of number of queried "
                                            "tokens.")
@@ -142,6 +159,10 @@ class EngineMetrics:
                                       "Count of successfully processed requests.",
                                       "finished_reason", reasons)
 
+    def _declare_token_histograms(self, style: Style, lengths: Sequence[int]) -> None:
+        """Histograms counted in tokens or request parameters; ``lengths`` are the 1-2-5
+        buckets up to max_model_len."""
+        modern = style.modern
         self.h_prompt = self._single("vllm:request_prompt_tokens", "histogram",
                                      "Number of prefill tokens processed.", lengths)
         self.h_generation = self._single("vllm:request_generation_tokens", "histogram",
@@ -163,6 +184,10 @@ class EngineMetrics:
         self.h_params_max_tokens = self._single("vllm:request_params_max_tokens", "histogram",
                                                 "Histogram of the max_tokens request parameter.",
                                                 lengths)
+
+    def _declare_latency_histograms(self, style: Style) -> None:
+        """Histograms counted in seconds (TTFT, ITL/TPOT, request phases) and preemptions."""
+        modern = style.modern
         self.h_ttft = self._single("vllm:time_to_first_token_seconds", "histogram",
                                    "Histogram of time to first token in seconds.", TTFT_BUCKETS)
         self.h_itl = self._single(style.inter_token_metric, "histogram",
@@ -194,12 +219,6 @@ class EngineMetrics:
             self.h_preemptions = self._single("vllm:request_num_preemptions", "histogram",
                                               "Number of preemptions per finished request.",
                                               PREEMPTION_BUCKETS)
-
-        # §1.3: labels are the CacheConfig fields plus `engine`, never `model_name`.
-        info = Family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig",
-                      (*cache_config, "engine"))
-        info.series(**cache_config, engine=engine).set(1)
-        self._families.append(info)
     # fmt: on
 
     def _single(
@@ -226,7 +245,8 @@ class EngineMetrics:
             self.prefix_hits.inc(hits)
 
     def record_prompt(self, prompt_tokens: int, cached_tokens: int) -> None:
-        """A prefill finished: vLLM counts the whole prompt, cached tokens included (§1.2)."""
+        """A prefill finished: vLLM's `prompt_tokens` counts the whole prompt, cached tokens
+        included."""
         with self._lock:
             self.prompt_tokens.inc(prompt_tokens)
             if self.prompt_by_source:
@@ -286,6 +306,37 @@ class EngineMetrics:
             return lines
 
 
+# CacheConfig fields that the emulator never changes, by release line, in vLLM's field order.
+# 2025 CacheConfig: swap space and CPU offload fields, no capacity labels yet.
+_CACHE_CONFIG_FIXED_0_10 = {
+    "swap_space": "4",
+    "prefix_caching_hash_algo": "builtin",
+    "cpu_offload_gb": "0",
+    "calculate_kv_scales": "False",
+    "swap_space_bytes": str(4 << 30),
+}
+_CACHE_CONFIG_FIXED_0_33 = {
+    "kv_cache_layout": "None",
+    "prefix_match_unit": "None",
+    "prefix_caching_hash_algo": "sha256",
+    "prefix_cache_retention_interval": "None",
+    "kv_cache_dtype_skip_layers": "[]",
+    "skip_page_size_padded": "None",
+    "mamba_block_size": "None",
+    "mamba_cache_dtype": "auto",
+    "mamba_ssm_cache_dtype": "auto",
+    "mamba_cache_mode": "none",
+    "enable_mamba_shared_prefix_checkpoint": "False",
+    "replayssm_buffer_len": "None",
+    "use_replayssm": "False",
+    "use_kda_recoverssm": "False",
+    "simple_cpu_offload_num_blocks": "None",
+    "swa_bounded_replay": "False",
+    "kv_offloading_size": "None",
+    "kv_offloading_backend": "None",
+}
+
+
 def cache_config_labels(
     style: Style,
     *,
@@ -299,7 +350,8 @@ def cache_config_labels(
     kv_cache_size_tokens: int,
     kv_cache_max_concurrency: float,
 ) -> dict[str, str]:
-    """`CacheConfig.metrics_info()` as label strings for this style (ENGINES.md §1.3).
+    """`CacheConfig.metrics_info()` (vllm/config/cache.py) as label strings for this style, in
+    vLLM's field order (the order the `0.10` style exposes them in).
 
     Unset values are the string "None", as `str(None)` gives in vLLM.
     """
@@ -319,36 +371,11 @@ def cache_config_labels(
         "mamba_page_size_padded": "None",
     }
     if not style.modern:
-        # 2025 CacheConfig: swap space and CPU offload fields, no capacity labels yet.
-        return {
-            **common,
-            "swap_space": "4",
-            "prefix_caching_hash_algo": "builtin",
-            "cpu_offload_gb": "0",
-            "calculate_kv_scales": "False",
-            "swap_space_bytes": str(4 << 30),
-        }
+        return {**common, **_CACHE_CONFIG_FIXED_0_10}
     return {
         **common,
         "user_specified_block_size": str(user_specified_block_size),
-        "kv_cache_layout": "None",
-        "prefix_match_unit": "None",
-        "prefix_caching_hash_algo": "sha256",
-        "prefix_cache_retention_interval": "None",
-        "kv_cache_dtype_skip_layers": "[]",
-        "skip_page_size_padded": "None",
-        "mamba_block_size": "None",
-        "mamba_cache_dtype": "auto",
-        "mamba_ssm_cache_dtype": "auto",
-        "mamba_cache_mode": "none",
-        "enable_mamba_shared_prefix_checkpoint": "False",
-        "replayssm_buffer_len": "None",
-        "use_replayssm": "False",
-        "use_kda_recoverssm": "False",
-        "simple_cpu_offload_num_blocks": "None",
-        "swa_bounded_replay": "False",
-        "kv_offloading_size": "None",
-        "kv_offloading_backend": "None",
+        **_CACHE_CONFIG_FIXED_0_33,
         "effective_attention_block_size": block,
         "kv_cache_size_tokens": str(kv_cache_size_tokens),
         "kv_cache_max_concurrency": str(round(kv_cache_max_concurrency, 2)),

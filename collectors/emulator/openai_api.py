@@ -1,4 +1,5 @@
-"""OpenAI-compatible request parsing and response bodies, shaped like vLLM's (ENGINES.md §2.5).
+"""OpenAI-compatible request parsing and response bodies, shaped like vLLM 0.33's
+(vllm/entrypoints/openai/, vllm/entrypoints/serve/engine/protocol.py).
 
 Pure functions over JSON-like values; the HTTP plumbing is in `server.py`.
 
@@ -245,7 +246,8 @@ def error_body(style: Style, error: ApiError) -> dict[str, Any]:
 
 
 def models_body(served_names: tuple[str, ...], root: str, max_model_len: int) -> dict[str, Any]:
-    """`GET /v1/models` (§2.5): one card per served name, `max_model_len` included."""
+    """`GET /v1/models` (vLLM's `ModelCard`): one card per served name, `max_model_len`
+    included."""
     created = int(time.time())
     cards = []
     for name in served_names:

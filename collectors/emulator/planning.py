@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# The emulated model's own context limit, used when `--max-model-len auto` asks for "the largest
-# that fits" (ENGINES.md §3).
+# The emulated model's own context limit, used when `--max-model-len auto` (or -1) asks for "the
+# largest that fits", as vLLM's --max-model-len does.
 NATIVE_MAX_MODEL_LEN = 131_072
 
 
@@ -69,7 +69,8 @@ def unpinned_pool_bytes(
 
     vLLM V1 budgets `util × total` minus weights, activation peak and CUDA graphs. The emulator
     also bounds the budget by MemFree at boot, which is what makes the unpinned pool depend on the
-    neighbours as it does on a GB10 (BRIEF.md: 0.35 → 40.5 GiB one boot, 0.30 → 13.8 GiB another),
+    neighbours as it does on a GB10 (seen there: util 0.35 gave a 40.5 GiB pool one boot, 0.30
+    gave 13.8 GiB another),
     then clamps it to `cap_bytes` so a test cannot take the machine.
     """
     budget = min(gpu_memory_utilization * mem_total, mem_free)

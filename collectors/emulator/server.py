@@ -4,9 +4,9 @@ Unlike real vLLM, which only opens its port once the engine is ready, the emulat
 the first second so a collector can watch the start: `/health` answers 503 until the engine is
 ready (and again once shutdown starts), 200 in between. `/metrics` shows the process metrics
 during start-up and the engine families once the engine exists (vLLM emits
-`cache_config_info` only after the KV cache is sized, ENGINES.md §1.3).
+`cache_config_info` only after the KV cache is sized, in loggers.py:log_metrics_info).
 
-Endpoints (ENGINES.md §2.5): GET /health, /ping, /version, /load, /v1/models, /metrics;
+Endpoints (those of vLLM 0.33): GET /health, /ping, /version, /load, /v1/models, /metrics;
 POST /ping, /v1/completions, /v1/chat/completions (JSON or server-sent events with `stream`).
 Each request is logged in uvicorn's access-log format unless --disable-uvicorn-access-log.
 """

@@ -1,8 +1,9 @@
 """Engine start-up: loading → profiling → KV cache → CUDA graphs, with real memory at each step.
 
-The order and texts follow ENGINES.md §2.2 (memory-planning lines, in the order they appear) and
-§2.3; durations are the `--emulator-*-seconds` flags (a real GB10 start takes ~10 minutes,
-BRIEF.md). What each phase holds, for real:
+The order and texts are those of vLLM's memory-planning and server-ready lines, in the order a
+real start prints them (vllm/v1/worker/gpu_worker.py, gpu_model_runner.py, kv_cache_utils.py,
+vllm/entrypoints/...); durations are the `--emulator-*-seconds` flags (a real GB10 start takes
+about ten minutes). What each phase holds, for real:
 
 * loading — the weights, made resident gradually over the loading time;
 * profiling — additionally a peak activation buffer of `max_num_batched_tokens` tokens, released
@@ -109,7 +110,8 @@ class Startup:
             raise Interrupted
 
     def announce(self) -> None:
-        """The API server's first lines, before the engine core starts (§2.3)."""
+        """The API server's first lines (`non-default args`, the engine config), before the
+        engine core starts."""
         c = self.config
         self.log.api(*messages.api_version(self.style, c.version))
         self.log.api(*messages.non_default_args(self.style, c.non_default_args))
@@ -148,7 +150,8 @@ class Startup:
     # --- phases ---------------------------------------------------------------------------------
 
     def _check_free_memory(self) -> None:
-        """vLLM's pre-check `free >= util × total` (§3), real only with --emulator-strict-memory."""
+        """vLLM's pre-check `free >= util × total` (vllm/v1/worker/utils.py:request_memory),
+        real only with --emulator-strict-memory."""
         c = self.config
         self.mem_total, self.boot_free = host_memory()
         requested = c.gpu_memory_utilization * self.mem_total

@@ -1,4 +1,4 @@
-"""The periodic `Engine 000: Avg prompt throughput: …` line (ENGINES.md §2.4).
+"""The periodic `Engine 000: Avg prompt throughput: …` line (vllm/v1/metrics/loggers.py).
 
 vLLM's frontend logs it every VLLM_LOG_STATS_INTERVAL seconds, at INFO only when this interval
 or the previous one had non-zero throughput (otherwise at DEBUG, which is silent); so an idle

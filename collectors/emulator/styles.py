@@ -2,14 +2,14 @@
 
 Two styles, chosen with `--emulator-style`:
 
-* `0.33` — current vLLM (ENGINES.md is checked against the 0.33.0 wheel): metric names after the
-  renames of §1.4, labels sorted by prometheus_client 0.26, the one-line KV capacity message,
+* `0.33` — current vLLM (as in the 0.33.0 wheel): metric names after the renames of vLLM PRs
+  #18354 and #29330, labels sorted by prometheus_client 0.26, the one-line KV capacity message,
   `(EngineCore pid=N)` prefixes, `Starting vLLM server on …`.
 * `0.10` — a 2025 image (v0.10.1): the pre-rename metric names only (`gpu_cache_usage_perc`,
   `gpu_prefix_cache_*`, `time_per_output_token_seconds`), labels in declaration order, the
   two-line KV capacity message, `(EngineCore_DP0 pid=N)` prefixes and
   `Starting vLLM API server 0 on …`. Only the old names are exposed, so a collector is exercised
-  on the old-only case that §1.4 tells adapters to accept.
+  on the old-only case: an adapter must accept either name of each renamed metric.
 
 Everything version-dependent lives here so the other modules ask a question instead of comparing
 version strings.
@@ -26,7 +26,7 @@ class Style:
 
     key: str
     default_version: str
-    # ENGINES.md §3: the default was 0.9 in older releases and 0.92 in current ones.
+    # --gpu-memory-utilization: the default was 0.9 in older releases and 0.92 in current ones.
     default_gpu_memory_utilization: float
     engine_process: str
     modern: bool
@@ -35,7 +35,7 @@ class Style:
     prefix_hits_metric: str
     inter_token_metric: str
     sort_labels: bool
-    # Flags that make argparse fail in this release: removed ones (§3, PR #49244) and ones that
+    # Flags that make argparse fail in this release: removed ones (vLLM PR #49244) and ones that
     # did not exist yet (`--moe-backend` arrived in v0.17.0, PR #33807).
     rejected_flags: frozenset[str]
 

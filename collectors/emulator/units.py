@@ -1,6 +1,7 @@
 """Number parsing and formatting the way vLLM does it.
 
-vLLM's `human_readable_int` (ENGINES.md §3, `--kv-cache-memory-bytes`, `--max-model-len`):
+vLLM's `human_readable_int` (vllm/engine/arg_utils.py; `--kv-cache-memory-bytes`,
+`--max-model-len`, `--max-num-batched-tokens`):
 a lower-case suffix is decimal (`1k` = 1000, `8g` = 8×10⁹, fractions allowed: `25.6k`), an
 upper-case suffix is binary (`1K` = 1024, `8G` = 8×2³⁰, no fractions). So `131k` is 131000, not
 131072 — the same surprise a real operator gets.

@@ -1,8 +1,10 @@
 """Config findings: launch settings and startup evidence an admin should act on.
 
 Each finding has a stable ``code`` (dashboards and tests key on it), a ``severity`` and a message
-that says what to change. The rules encode BRIEF.md's "Silent traps" and ENGINES.md §2–§4; they
-assume a GB10 node, the only hardware SparkOps watches. Settings that are recommended practice
+that says what to change. The rules cover what vLLM 0.33 does silently with a launch setting
+(flags it removed, environment variables it ignores, a pinned KV pool that skips the memory
+pre-check, an unset MoE backend) and the startup failures its log reports; they assume a GB10
+node, the only hardware SparkOps watches. Settings that are recommended practice
 (e.g. a small ``--gpu-memory-utilization`` next to ``--kv-cache-memory-bytes``) are not findings.
 """
 
@@ -15,22 +17,23 @@ from typing import Literal
 
 from collectors.vllm.flags import EngineConfig
 from collectors.vllm.logs import StartupLog
+from sparkops.units import fixed_gib_text
 
 Severity = Literal["error", "warning", "info"]
 SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
 
-# What CUDA reports as total memory on a GB10 (ENGINES.md §4; 121.63 on some units).
+# What CUDA reports as total memory on a GB10, as vLLM's logs print it (121.63 on some units).
 GB10_TOTAL_GIB = 121.69
-# --gpu-memory-utilization default: 0.92 in current releases, 0.9 in older ones (ENGINES.md §3).
+# --gpu-memory-utilization default: 0.92 in current releases, 0.9 in older ones.
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
-GIB = 2**30
 
-# Flags vLLM no longer accepts (ENGINES.md §3): V0-only, rejected by V1, deleted by PR #49244.
+# Flags vLLM no longer accepts: V0-only (PR #10235), rejected by V1 (#13726), deleted by PR #49244.
 REMOVED_FLAGS = {
     "max-num-partial-prefills": "--long-prefill-token-threshold with --max-num-batched-tokens",
     "max-long-partial-prefills": "--long-prefill-token-threshold with --max-num-batched-tokens",
 }
-# Environment variables --moe-backend replaced; vLLM 0.33 ignores them (ENGINES.md §3).
+# Environment variables --moe-backend replaced (v0.17.0, PR #33807); vLLM 0.33 ignores them and
+# logs "Unknown vLLM environment variable detected".
 REPLACED_MOE_ENV_VARS = frozenset(
     {
         "VLLM_USE_FLASHINFER_MOE_FP4",
@@ -128,10 +131,6 @@ def check_config(
     return sorted(findings, key=lambda finding: SEVERITIES.index(finding.severity))
 
 
-def _gib(size_bytes: int) -> str:
-    return f"{size_bytes / GIB:.2f} GiB"
-
-
 def _quantization_on_prequantized(config: EngineConfig, log: StartupLog | None) -> list[Finding]:
     mismatch = _log_error(log, "quantization-mismatch")
     name_says_fp4 = bool(config.model and _FP4_CHECKPOINT.search(config.model))
@@ -194,10 +193,11 @@ def _kv_bytes_skips_precheck(config: EngineConfig, log: StartupLog | None) -> li
             "kv-bytes-skips-precheck",
             "warning",
             f"--kv-cache-memory-bytes {config.kv_cache_memory_bytes} "
-            f"({_gib(config.kv_cache_memory_bytes)}) pins the KV pool and skips vLLM's memory "
-            "check: an over-commit goes straight to an out-of-memory failure (on GB10 it can "
-            "wedge the host). Before each start, make sure this pool plus weights, CUDA graphs and "
-            "a prefill buffer of --max-num-batched-tokens fit in free memory.",
+            f"({fixed_gib_text(config.kv_cache_memory_bytes)}) pins the KV pool and skips "
+            "vLLM's memory check: an over-commit goes straight to an out-of-memory failure "
+            "(on GB10 it can wedge the host). Before each start, make sure this pool plus "
+            "weights, CUDA graphs and a prefill buffer of --max-num-batched-tokens fit in free "
+            "memory.",
         )
     ]
 

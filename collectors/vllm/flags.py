@@ -1,11 +1,12 @@
 """vLLM launch flags: turn a container's command line into an :class:`EngineConfig`.
 
 The parser mirrors how vLLM's own argument parser reads the flags that matter for memory and speed
-(ENGINES.md §3, vLLM 0.33.0): ``--flag value`` and ``--flag=value``, underscores or dashes
-(``--max_model_len``), unambiguous prefixes (``--kv-cache-memory=…``, the spelling vLLM prints in
-its sizing advice), ``--no-<switch>`` for boolean switches, and vLLM's human-readable integers. A
-value vLLM would refuse raises :class:`FlagError`; nothing is silently read as 0. Flags the parser
-does not interpret are kept verbatim in ``all_flags`` / ``unknown_flags`` so checks can see them.
+(vllm/engine/arg_utils.py of vLLM 0.33.0): ``--flag value`` and ``--flag=value``, underscores
+or dashes (``--max_model_len``), unambiguous prefixes (``--kv-cache-memory=…``, the spelling vLLM
+prints in its sizing advice), ``--no-<switch>`` for boolean switches, and vLLM's human-readable
+integers. A value vLLM would refuse raises :class:`FlagError`; nothing is silently read as 0.
+Flags the parser does not interpret are kept verbatim in ``all_flags`` / ``unknown_flags`` so
+checks can see them.
 A command whose secrets were masked (``collectors.redaction``) parses to the same settings, with
 the masked values in place of the secret ones.
 """
@@ -111,7 +112,8 @@ def parse_human_int(text: str) -> int:
 
     Lower-case suffixes are decimal and may carry decimals (``1.5g`` = 1_500_000_000, ``25.6k`` =
     25_600); upper-case suffixes are binary and must be whole (``8G`` = 8 × 2^30, ``1K`` = 1024)
-    — ENGINES.md §3. vLLM refuses ``1.5G`` and ``8GiB`` at launch, so they raise here too.
+    (vllm/engine/arg_utils.py). vLLM refuses ``1.5G`` and ``8GiB`` at launch, so they raise here
+    too.
     """
     value = text.strip()
     match = _HUMAN_INT.fullmatch(value)
@@ -179,7 +181,7 @@ def _max_model_len(value: str) -> int:
 
 
 def _moe_backend(value: str) -> str:
-    # vLLM lower-cases the value and turns '-' into '_' (ENGINES.md §3, MoEBackend).
+    # vLLM lower-cases the value and turns '-' into '_' (vllm/config/kernel.py:MoEBackend).
     return value.strip().lower().replace("-", "_")
 
 
@@ -359,7 +361,8 @@ def _canonical_name(raw_name: str) -> str:
     name = _ALIASES.get(name, name)
     if name in _FLAGS or name in _BOOLEANS or _negated_switch(name):
         return name
-    # argparse accepts an unambiguous prefix of a long option (ENGINES.md §3: --kv-cache-memory=…).
+    # argparse accepts an unambiguous prefix of a long option: vLLM's own sizing advice prints
+    # --kv-cache-memory=…, which works only through that.
     matches = [known for known in _KNOWN_NAMES if known.startswith(name)]
     return matches[0] if len(matches) == 1 and raw_name.startswith("--") else name
 

@@ -1,6 +1,7 @@
 """vLLM startup logs: what an engine loaded, reserved and reported while starting.
 
-:func:`parse_startup_log` reads container log text from any vLLM release listed in ENGINES.md §2:
+:func:`parse_startup_log` reads container log text from any vLLM release since early 2025 (V0
+and V1 engines, up to 0.33):
 lines with or without a process prefix (``(APIServer pid=1)``, ``(EngineCore_DP0 pid=…)``,
 ``(VllmWorker rank=0 pid=…)``), with brackets around ``file.py:LINE`` or without, behind a docker
 compose ``service  | `` prefix, a ``docker logs --timestamps`` stamp or a journald prefix, with
@@ -44,14 +45,15 @@ class StartupLog:
 
     Sizes are GiB as vLLM printed them (vLLM's "GB" lines are GiB too). ``phase`` is one of
     :data:`PHASES`: ``kv_allocated`` once the KV cache size is logged (the point after which the
-    next engine may start, BRIEF "serialise starts"), ``ready`` once the API server serves,
+    next engine may start: a neighbour whose memory changes while an engine profiles makes
+    that engine's budget wrong or fails it), ``ready`` once the API server serves,
     ``failed`` once a startup error is recognised. ``kv_cache_pinned`` is True for a
     ``--kv-cache-memory-bytes`` pool, False for a profiled one. ``cuda_graph_gib`` is the measured
     graph memory and ``cuda_graph_estimate_gib`` the pre-allocation estimate; both can be
-    negative on GB10 (ENGINES.md §4). ``startup_free_gib`` is the free memory vLLM saw when it
-    started (on GB10 it follows MemFree). ``moe_backend`` / ``moe_quantization`` come from the
-    MoE kernel line (e.g. "MARLIN", "NvFp4"). Timestamps are vLLM's own ``MM-DD HH:MM:SS`` (no
-    year).
+    negative on GB10 (a profiler artefact there). ``startup_free_gib`` is the free memory vLLM
+    saw when it started (on GB10 it follows MemFree). ``moe_backend`` / ``moe_quantization`` come
+    from the MoE kernel line (e.g. "MARLIN", "NvFp4"). Timestamps are vLLM's own
+    ``MM-DD HH:MM:SS`` (no year).
     """
 
     phase: str = "unknown"
@@ -173,12 +175,13 @@ class StartupLogParser:
 
 # --- one line -------------------------------------------------------------------------------------
 
-# The bulk of a long-running engine's log: periodic stats (ENGINES.md §2.4) and HTTP access lines.
+# The bulk of a long-running engine's log: periodic stats (every VLLM_LOG_STATS_INTERVAL s, from
+# vllm/v1/metrics/loggers.py) and HTTP access lines.
 # Skipping them first keeps a large log cheap to parse.
 _RUNTIME_CHATTER = re.compile(r"Avg prompt throughput|SpecDecoding metrics|HTTP/[\d.]+\" \d{3}")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # `(<Proc> pid=N) LEVEL MM-DD HH:MM:SS [file.py:LINE] message`, or without the process part, or
-# the older `LEVEL MM-DD HH:MM:SS file.py:LINE] message` (ENGINES.md §2.1). Searched, not anchored,
+# the older `LEVEL MM-DD HH:MM:SS file.py:LINE] message` (2025 and before). Searched, not anchored,
 # so compose, docker-timestamp and journald prefixes in front do not matter.
 _HEADER = re.compile(
     r"(?:\([^()]*?pid=\d+\)\s*)?"
@@ -207,7 +210,7 @@ def _parse_line(raw_line: str) -> _Line | None:
     return _Line(message.strip(), None)
 
 
-# --- patterns (ENGINES.md §2.2 and §2.3 unless noted) --------------------------------------------
+# --- patterns: vLLM's memory-planning and server-ready lines, current texts and older variants ---
 
 _NUM = r"(-?\d+(?:\.\d+)?)"
 _INT = r"(\d[\d,]*)"
@@ -276,7 +279,8 @@ _MLA_PREFILL = re.compile(r"Using (\w+) MLA prefill backend")
 _GEMM_KERNEL = re.compile(r"Using (\w+) for (\w+) GEMM")
 _MARLIN_FP4 = re.compile(r"Weight-only FP4 compression will be used leveraging the Marlin kernel")
 
-# (kind, pattern); the first match on a line wins. Texts from ENGINES.md §2.2 "Startup failures",
+# (kind, pattern); the first match on a line wins. Texts of vLLM's startup failures
+# (vllm/v1/worker/utils.py:request_memory, vllm/v1/core/kv_cache_planning.py, gpu_worker.py),
 # plus vLLM's quantization check (ModelConfig._verify_quantization) and the CUDA runtime's PTX
 # error (an image built with a newer CUDA than the host driver; on GB10 also `ptxas` refusing
 # sm_121a).

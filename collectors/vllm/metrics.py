@@ -7,18 +7,21 @@ Only the families SparkOps reads reach the parser (:func:`_used_lines`): a busy 
 exposition is about 40 KB, mostly histograms SparkOps never reads, and parsing all of it cost
 about 12 ms of CPU per engine and collection. A malformed line of a family SparkOps does not
 read is therefore ignored rather than failing the scrape.
-The parser is lax (RELIABILITY.md finding 6), so the values we use are checked here as well:
+The parser checks syntax only (prometheus_client 0.26 accepts a negative counter, buckets that
+are not cumulative, no ``+Inf`` bucket and a body without its final line feed), so the values we
+use are checked here as well:
 counts must be non-negative integers, the KV usage a fraction, histograms cumulative with a
 ``+Inf`` bucket, and the text must end with a line feed as the format requires (a body cut in
 the middle of a line would otherwise parse, with a wrong last value).
 
-Names follow ENGINES.md §1.2 (vLLM 0.33) and the older names of §1.4; each quantity is read from
+Names follow vllm/v1/metrics/loggers.py of vLLM 0.33 and the names before vLLM PRs #18354,
+#29330 and #32661 renamed them; each quantity is read from
 the current name and, only when that is absent, from its older names. An engine is identified
-by the ``model_name`` and ``engine`` labels; ``engine`` is missing before vLLM 0.8/0.10 (§1.4)
+by the ``model_name`` and ``engine`` labels; ``engine`` is missing before vLLM 0.8/0.10
 and is then ``None``.
 
 Cost: one pass of line filtering, then about 5 MB/s of text in the prometheus_client parser
-(finding 6) over the lines kept, then one pass over the samples.
+(pure Python) over the lines kept, then one pass over the samples.
 """
 
 from __future__ import annotations
@@ -40,16 +43,19 @@ __all__ = [
     "parse_metrics_text",
 ]
 
-# Current name first, then older names of the same quantity (ENGINES.md §1.4). Both KV usage
+# Current name first, then older names of the same quantity (gpu_cache_usage_perc and
+# gpu_prefix_cache_* were renamed by vLLM PR #18354 and dropped by PR #29330). Both KV usage
 # names are a fraction 0-1 despite "_perc": vLLM's help text says "1 means 100 percent usage"
-# and the official dashboard shows them with unit percentunit (§1.5, panel 6).
+# and vLLM's official Grafana dashboard (examples/observability/prometheus_grafana/grafana.json,
+# "Cache Utilization") shows them with unit percentunit.
 _GAUGE_NAMES: Mapping[str, tuple[str, ...]] = {
     "requests_running": ("vllm:num_requests_running",),
     "requests_waiting": ("vllm:num_requests_waiting",),
     "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
 }
-# Counters are exposed with "_total" and a "_created" twin (§1.1). The old gpu_prefix_cache_*
-# counted blocks in 0.7/0.8 and tokens later (§1.4); a hit *rate* is unaffected.
+# Counters are declared without "_total" but exposed with it, plus a "_created" twin
+# (prometheus_client). The old gpu_prefix_cache_* counted blocks in 0.7/0.8 and tokens later; a
+# hit *rate* is unaffected.
 _COUNTER_NAMES: Mapping[str, tuple[str, ...]] = {
     "prompt_tokens_total": ("vllm:prompt_tokens_total",),
     "generation_tokens_total": ("vllm:generation_tokens_total",),
@@ -62,13 +68,14 @@ _COUNTER_NAMES: Mapping[str, tuple[str, ...]] = {
         "vllm:prefix_cache_hits_total",
         "vllm:gpu_prefix_cache_hits_total",
     ),
-    # Speculative decoding counters exist only with --speculative-config (§1.2).
+    # Speculative decoding counters exist only with --speculative-config
+    # (vllm/v1/spec_decode/metrics.py).
     "spec_decode_drafts_total": ("vllm:spec_decode_num_drafts_total",),
     "spec_decode_draft_tokens_total": ("vllm:spec_decode_num_draft_tokens_total",),
     "spec_decode_accepted_tokens_total": ("vllm:spec_decode_num_accepted_tokens_total",),
 }
 # time_per_output_token_seconds was the inter-token latency under its old name; it is not
-# request_time_per_output_token_seconds, which is a per-request mean (§1.4).
+# request_time_per_output_token_seconds, which is a per-request mean (vLLM PR #24110).
 _HISTOGRAM_NAMES: Mapping[str, tuple[str, ...]] = {
     "ttft": ("vllm:time_to_first_token_seconds",),
     "inter_token_latency": (
@@ -131,12 +138,13 @@ class Histogram:
 class MetricsSnapshot:
     """What one scrape says about one vLLM engine. Every unknown value is None, never 0.
 
-    * ``requests_waiting``: in vLLM 0.33 it counts waiting plus deferred requests (§1.2).
+    * ``requests_waiting``: in vLLM 0.33 it counts waiting plus deferred requests.
     * ``kv_cache_usage``: fraction 0-1 of KV blocks in use.
     * ``*_total``: counters since the engine started; ``prompt_tokens_total`` includes prompt
-      tokens served from the prefix cache (§1.2).
+      tokens served from the prefix cache (vLLM counts every prompt token).
     * ``ttft`` / ``inter_token_latency``: seconds, as cumulative histograms.
-    * Capacity comes from the labels of ``vllm:cache_config_info`` (§1.3), joined by the
+    * Capacity comes from the labels of ``vllm:cache_config_info`` (every CacheConfig field,
+      vllm/config/cache.py:metrics_info, plus ``engine``), joined by the
       ``engine`` label because it has no ``model_name``; when that join is ambiguous (several
       models behind one endpoint) the capacity fields are None. ``kv_cache_size_tokens`` is the
       label when the version has it (group-aware, right for hybrid models) and otherwise
@@ -144,8 +152,8 @@ class MetricsSnapshot:
       are "None" or not numbers are None: the label set changes between versions.
     * ``created``: the ``_created`` timestamp of each counter and histogram field above that
       has one, keyed by field name; ``process_start_time_seconds`` is absent in multiprocess
-      mode (§1.1). Both let rate computation notice a restart.
-    * ``legacy_names``: the pre-rename metric names that were read (§1.4).
+      mode (``--api-server-count > 1``). Both let rate computation notice a restart.
+    * ``legacy_names``: the pre-rename metric names that were read.
     """
 
     model_name: str | None
@@ -488,7 +496,7 @@ def _capacity(labels: Mapping[str, str]) -> dict[str, Any]:
     size_tokens = _label_int(labels, "kv_cache_size_tokens")
     source = "kv_cache_size_tokens" if size_tokens is not None else None
     # Before PR #42206 the label did not exist and blocks x block size was the capacity; for
-    # hybrid models that product is wrong, so it is only a fallback (§1.3).
+    # hybrid models (Mamba, sliding window) that product is wrong, so it is only a fallback.
     if "kv_cache_size_tokens" not in labels and blocks is not None and block_size is not None:
         size_tokens = blocks * block_size
         source = "num_gpu_blocks*block_size"

@@ -1,10 +1,11 @@
 """Rates of one vLLM engine between two scrapes, with counter-reset detection.
 
 Pure functions over two :class:`Observation` values; nothing here does I/O or keeps state.
-Cost: linear in the number of histogram buckets (about twenty per histogram, §1.2).
+Cost: linear in the number of histogram buckets (about twenty per histogram: vLLM's defaults in
+vllm/v1/metrics/buckets.py).
 
 Counters restart from zero when an engine restarts, and a restart is not always visible as a
-decrease (RELIABILITY.md finding 9): a counter can climb past its old value between two scrapes.
+decrease: a restarted engine's counter can climb past its old value between two scrapes.
 So an interval is treated as a restart when the caller-supplied engine identity (for example
 the container ID and start time), the ``process_start_time_seconds``, any ``_created`` timestamp,
 the model or engine label changed, or when any counter or histogram bucket went down. A
@@ -61,11 +62,13 @@ class Rates:
     is not positive. A single value is None when its metric is missing from either scrape or,
     for ratios and quantiles, when nothing was observed in the interval.
 
-    * ``prefill_tokens_per_s``: prompt tokens, including prefix-cache hits (§1.2).
+    * ``prefill_tokens_per_s``: prompt tokens, including prefix-cache hits (vLLM's
+      ``prompt_tokens`` counts cached ones too).
     * ``decode_tokens_per_s``: generated tokens.
     * ``prefix_cache_hit_rate``: hits / queries, 0-1.
     * ``spec_decode_acceptance_rate``: accepted / drafted tokens, 0-1;
-      ``spec_decode_mean_acceptance_length``: 1 + accepted / drafts (§1.2).
+      ``spec_decode_mean_acceptance_length``: 1 + accepted / drafts, as vLLM's own
+      ``SpecDecoding metrics`` log line computes it.
     * ``*_p50_s`` / ``*_p95_s``: quantiles in seconds of the observations made in the interval,
       interpolated within buckets as Prometheus ``histogram_quantile`` does.
     """

@@ -4,18 +4,18 @@ Either a complete, parsed snapshot comes back or :class:`ScrapeError` is raised 
 reason, so a caller has nothing half-read to store: a failed scrape is a gap with a reason.
 
 Cost: one HTTP request bounded by ``deadline`` (total) and ``max_bytes``, then parsing, which
-runs at about 5 MB/s (RELIABILITY.md finding 6), so the default 4 MiB cap bounds it to under a
+runs at about 5 MB/s in prometheus_client, so the default 4 MiB cap bounds it to under a
 second of CPU. A real vLLM exposition is a few hundred KiB.
 """
 
 from __future__ import annotations
 
-from collectors.httpfetch import FetchError, fetch
 from collectors.vllm.metrics import (
     MetricsParseError,
     MetricsSnapshot,
     parse_engines,
 )
+from sparkops.httpfetch import FetchError, fetch
 
 __all__ = ["DEFAULT_DEADLINE_S", "DEFAULT_MAX_BYTES", "ScrapeError", "scrape", "scrape_engines"]
 
@@ -28,7 +28,7 @@ _ACCEPT = "text/plain;version=0.0.4;q=1.0, */*;q=0.1"
 class ScrapeError(Exception):
     """A scrape that produced nothing usable. ``str(error)`` is a one-line reason.
 
-    ``kind`` is :class:`~collectors.httpfetch.FetchError`'s kind for transport failures
+    ``kind`` is :class:`~sparkops.httpfetch.FetchError`'s kind for transport failures
     ("timeout", "http_status", "too_large", "truncated", "refused", ...) and "parse" when the
     body was not a usable vLLM exposition.
     """

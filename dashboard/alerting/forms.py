@@ -1,7 +1,7 @@
 """Forms of the alerting pages: a new silence, and one rule's overrides.
 
 Both validate with the same functions the domain code uses (``silences.create_silence`` and
-``settings.ThresholdSpec.problem`` / ``settings.timing_problem``), so the page and the code
+``rules.base.ThresholdSpec.problem`` / ``settings.timing_problem``), so the page and the code
 agree on what is acceptable, and an invalid submission saves nothing.
 """
 
@@ -16,12 +16,11 @@ from django.utils import timezone
 
 from collectors.models import Engine, Node
 from dashboard.alerting.models import RuleSetting, Silence
+from dashboard.alerting.rules import RULES, Rule
 from dashboard.alerting.settings import (
     FOR_SECONDS_MAX,
     REPEAT_SECONDS_MAX,
     REPEAT_SECONDS_MIN,
-    RULES,
-    RuleDefaults,
     timing_problem,
 )
 from dashboard.alerting.silences import (
@@ -121,7 +120,7 @@ class RuleSettingForm(forms.Form):
 
     THRESHOLD_PREFIX = "threshold_"
 
-    def __init__(self, *args: Any, defaults: RuleDefaults, stored: RuleSetting | None,
+    def __init__(self, *args: Any, defaults: Rule, stored: RuleSetting | None,
                  **kwargs: Any) -> None:
         kwargs.setdefault("initial", _initial(stored))
         super().__init__(*args, **kwargs)
@@ -161,7 +160,7 @@ class RuleSettingForm(forms.Form):
             if data.get(self.THRESHOLD_PREFIX + spec.key) is not None
         }
         setting, _ = RuleSetting.objects.update_or_create(
-            rule=self.defaults.rule,
+            rule=self.defaults.name,
             defaults={"enabled": data["enabled"], "for_seconds": data["for_seconds"],
                       "repeat_seconds": data["repeat_seconds"], "thresholds": thresholds,
                       "updated_at": now, "updated_by": user},

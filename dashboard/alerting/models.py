@@ -3,6 +3,9 @@
 State changes are rows: an :class:`Alert` moving between pending, firing and resolved always
 writes an :class:`AlertEvent` in the same transaction (see ``dashboard.alerting.lifecycle``), so
 the timeline of an alert can be read back exactly as it happened.
+
+The tables keep the names they had under the ``dashboard`` app (``dashboard_alert``, ...), so an
+upgrade moved no data.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from django.db.models import Q
 
 from collectors.models import Engine, Node
 
-# Only the models: ``dashboard.models`` star-imports this module so Django finds them.
 __all__ = ["Alert", "AlertEvent", "RuleSetting", "Silence"]
 
 
@@ -74,6 +76,7 @@ class Alert(models.Model):
     resolve_reason = models.CharField(max_length=32, choices=ResolveReason.choices, blank=True)
 
     class Meta:
+        db_table = "dashboard_alert"
         constraints = [
             # The last line against two evaluators opening the same alert twice. A partial unique
             # index: supported by both SQLite and PostgreSQL.
@@ -121,6 +124,7 @@ class AlertEvent(models.Model):
     message = models.TextField(blank=True)
 
     class Meta:
+        db_table = "dashboard_alertevent"
         ordering = ["at", "id"]
 
     def __str__(self) -> str:
@@ -164,6 +168,7 @@ class Silence(models.Model):
     objects = SilenceQuerySet.as_manager()
 
     class Meta:
+        db_table = "dashboard_silence"
         indexes = [models.Index(fields=["ends_at"], name="silence_ends_at")]
         ordering = ["-ends_at", "-id"]
         permissions = [("change_silences", "Can create and expire silences")]
@@ -206,6 +211,7 @@ class RuleSetting(models.Model):
                                    on_delete=models.SET_NULL, related_name="+")
 
     class Meta:
+        db_table = "dashboard_rulesetting"
         permissions = [("change_rules", "Can change alert rule settings")]
 
     def __str__(self) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from collectors.models import Event, Node
+from dashboard.alerting.evaluation import evaluate_rules
 from dashboard.alerting.lifecycle import Notice, alert_as_dict, evaluate
 from dashboard.alerting.models import Alert
-from dashboard.alerting.rules import evaluate_rules
 from dashboard.notify.outbox import enqueue
 from dashboard.notify.payloads import build_alert_message
 from dashboard.restarts.unplanned import record_unplanned_restarts

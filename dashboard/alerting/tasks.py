@@ -1,17 +1,22 @@
-"""Celery adapter for alert evaluation (central queue)."""
+"""Celery adapter for alert evaluation (central queue), and the receiver that queues it after
+every collection."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import shared_task
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from collectors.models import Node
 from dashboard.alerting.pipeline import run_alerts
 from dashboard.notify.tasks import deliver_notifications
+from sparkops.celery import CENTRAL_QUEUE, EVALUATE_ALERTS
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=EVALUATE_ALERTS, ignore_result=True)
 def evaluate_alerts(node_name: str) -> int:
     """Evaluate the alert rules of one node; returns how many notices were queued.
 
@@ -25,3 +30,14 @@ def evaluate_alerts(node_name: str) -> int:
     if notices:
         transaction.on_commit(deliver_notifications.delay)
     return len(notices)
+
+
+def queue_evaluation(sender: Any = None, *, node_name: str, **_: Any) -> None:
+    """Receiver of ``collectors.signals.collection_finished``: evaluate that node's alerts
+    centrally, after every collection, whether it succeeded or not.
+
+    The message expires after two collection intervals: an evaluation that waited that long
+    is superseded by the next collection's.
+    """
+    evaluate_alerts.apply_async(args=(node_name,), queue=CENTRAL_QUEUE,
+                                expires=settings.SPARKOPS_COLLECT_INTERVAL * 2)

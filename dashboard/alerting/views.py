@@ -1,9 +1,9 @@
 """Pages for alerts, silences and rule settings: thin adapters over the alerting modules.
 
 Everyone logged in can read them. Creating or expiring a silence needs
-``dashboard.change_silences``, editing a rule ``dashboard.change_rules`` (see
-``dashboard.access``); anyone else gets 403 and, for a POST, an audit row "refused". Changes are
-POST with CSRF and each one writes an audit row.
+``alerting.change_silences``, editing a rule ``alerting.change_rules`` (see
+``dashboard.audit.access``); anyone else gets 403 and, for a POST, an audit row "refused".
+Changes are POST with CSRF and each one writes an audit row.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from collectors.models import Node
-from dashboard.access import CHANGE_RULES, CHANGE_SILENCES, guarded
 from dashboard.alerting.forms import RuleSettingForm, SilenceForm
 from dashboard.alerting.models import Alert, AlertState, RuleSetting, Silence
-from dashboard.alerting.settings import RULES, all_rule_settings
+from dashboard.alerting.rules import RULES
+from dashboard.alerting.settings import all_rule_settings
 from dashboard.alerting.silences import (
     active_silences,
     expire_silence,
@@ -30,7 +30,8 @@ from dashboard.alerting.silences import (
     silences_muting,
     upcoming_silences,
 )
-from dashboard.restarts.audit import audit
+from dashboard.audit.access import CHANGE_RULES, CHANGE_SILENCES, guarded
+from dashboard.audit.records import audit
 
 # How many resolved alerts and expired silences the pages show; older ones stay in the DB.
 HISTORY_LIMIT = 100

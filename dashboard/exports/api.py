@@ -92,9 +92,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
+from collectors.enginecard import engine_card
 from collectors.models import Engine, Node
 from dashboard.alerting.models import Alert, AlertState
-from dashboard.engines import engine_card
 from dashboard.exports.access import export_view, refusal
 from dashboard.exports.figures import (
     HostReading,

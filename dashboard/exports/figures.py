@@ -6,9 +6,10 @@ callers omit it (``/metrics``) or show null (the API), never 0.
 
 What counts as *current*:
 
-* Host memory comes from the latest collection only, and only when it succeeded and is not
-  stale (older than three intervals plus 5 s: the worker or beat is not running). A failed or
-  stale collection makes the figures unknown; the collection's age is always known.
+* Host memory comes from the latest collection only (``collectors.hostmemory``), and only when
+  it succeeded and is not stale (``collectors.sampling.stale_after``: the worker or beat is not
+  running). A failed or stale collection makes the figures unknown; the collection's age is
+  always known.
 * An engine's serving figures (requests, KV usage, rates, latency quantiles) come from its last
   scrape only while its container runs and that scrape succeeded; the rates of an interval in
   which the engine restarted are None (``collectors.vllm.rates``), never 0 or negative.
@@ -19,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from collectors.models import Collection, Engine, Metric, Node, Sample
+from collectors.hostmemory import latest_collection
+from collectors.models import Engine, Metric, Node
 from collectors.redaction import mask_text
 
 __all__ = [
@@ -33,7 +35,6 @@ __all__ = [
     "host_reading",
     "scrape_up",
     "serving_figures",
-    "stale_after_seconds",
 ]
 
 
@@ -84,12 +85,6 @@ SERVING_FIGURES: dict[str, tuple[str, str]] = {
 }
 
 
-def stale_after_seconds(interval: float) -> float:
-    """Age past which the latest collection no longer describes the node: three missed
-    intervals plus scheduling slack (the overview's rule, ``dashboard.memory``)."""
-    return 3 * interval + 5
-
-
 @dataclass
 class HostReading:
     """A node's current host-memory figures (see the module docstring for "current").
@@ -118,23 +113,19 @@ class HostReading:
 
 def host_reading(node: Node, now: datetime, interval: float) -> HostReading:
     """Read ``node``'s current host figures. Cost: two indexed queries (the latest collection,
-    then its window's samples)."""
-    latest = Collection.objects.filter(node=node).order_by("-at").first()
-    if latest is None:
+    then its window's samples: ``collectors.hostmemory.latest_collection``)."""
+    latest = latest_collection(node, now, interval, [figure.metric for figure in HOST_FIGURES])
+    if latest.collection is None:
         return _unknown(HostReading(None, None, None, "", True), "no collection yet")
-    age = max((now - latest.at).total_seconds(), 0.0)
-    reading = HostReading(latest.at, age, latest.ok, latest.error if not latest.ok else "",
-                          age > stale_after_seconds(interval))
+    age = max(latest.age_seconds or 0.0, 0.0)
+    reading = HostReading(latest.collection.at, age, latest.ok, latest.error, latest.stale)
     if not latest.ok:
-        return _unknown(reading, f"the latest collection failed: {latest.error}")
+        return _unknown(reading, f"the latest collection failed: {latest.collection.error}")
     if reading.stale:
         return _unknown(reading, f"no collection for {age:.0f} s (is the worker or beat "
                                  "running?)")
-    # The interval minimum is stored at the instant it was seen, inside the window.
-    rows = Sample.objects.filter(node=node, at__gte=latest.window_started_at, at__lte=latest.at)
-    samples = {row.metric: row for row in rows.order_by("at")}
     for figure in HOST_FIGURES:
-        sample = samples.get(figure.metric)
+        sample = latest.samples.get(figure.metric)
         if sample is None or sample.value is None:
             reading.values[figure.key] = None
             reading.unknown_reasons[figure.key] = (

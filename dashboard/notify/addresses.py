@@ -12,7 +12,7 @@ explicit checks below.
 
 The check runs twice: when an admin saves a channel (:func:`refused_targets`, which resolves the
 host name, for a helpful form error) and on every delivery at connect time
-(:func:`allow_address`, passed to ``collectors.httpfetch.fetch``), which is the check that
+(:func:`allow_address`, passed to ``sparkops.httpfetch.fetch``), which is the check that
 matters: DNS may answer differently at send time than at save time.
 """
 
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-import socket
-import threading
 import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,7 +27,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from collectors.httpfetch import IPAddress
+from sparkops.httpfetch import IPAddress, resolve
 
 __all__ = [
     "ALLOWLIST_SETTING",
@@ -96,7 +94,7 @@ def refusal_reason(address: IPAddress) -> str | None:
 
 
 def allow_address(address: IPAddress) -> bool:
-    """The ``allow_address`` hook for ``collectors.httpfetch.fetch``."""
+    """The ``allow_address`` hook for ``sparkops.httpfetch.fetch``."""
     return refusal_reason(address) is None
 
 
@@ -178,23 +176,12 @@ def _resolve(host: str) -> Iterable[IPAddress]:
         return [ipaddress.ip_address(host)]
     except ValueError:
         pass
-    outcome: list[object] = []
-
-    def lookup() -> None:
-        try:
-            outcome.append(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM))
-        except OSError as error:
-            outcome.append(error)
-
-    worker = threading.Thread(target=lookup, name="notify-resolve", daemon=True)
-    worker.start()
-    worker.join(_RESOLVE_TIMEOUT)
-    if not outcome:
-        raise ValueError(f"resolving {host} took longer than {_RESOLVE_TIMEOUT:g} s")
-    result = outcome[0]
-    if isinstance(result, OSError):
-        raise ValueError(f"cannot resolve {host}: {result}")
-    assert isinstance(result, list)
+    try:
+        found = resolve(host, None, _RESOLVE_TIMEOUT)
+    except TimeoutError:
+        raise ValueError(f"resolving {host} took longer than {_RESOLVE_TIMEOUT:g} s") from None
+    except OSError as error:
+        raise ValueError(f"cannot resolve {host}: {error}") from None
     # getaddrinfo may append a scope ("fe80::1%eth0"); the policy looks at the address alone.
     return list(dict.fromkeys(
-        ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in result))
+        ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0]) for _family, sockaddr in found))

@@ -4,6 +4,9 @@ Every notification is a row (``Notification``) written in the same transaction a
 change it reports; workers claim due rows with a conditional UPDATE and record the outcome on the
 row and on its channel (see ``dashboard.notify.outbox``). A channel never loses a row: a row ends
 delivered or failed with a reason, and a worker that dies mid-send leaves a claim that expires.
+
+The tables keep the names they had under the ``dashboard`` app (``dashboard_channel``,
+``dashboard_notification``), so an upgrade moved no data.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class Channel(models.Model):
     paused_until = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
+        db_table = "dashboard_channel"
         ordering = ["name", "pk"]
         permissions = [("change_channels", "Can create, edit, enable and disable channels")]
 
@@ -137,6 +141,7 @@ class Notification(models.Model):
     last_error = models.TextField(blank=True)
 
     class Meta:
+        db_table = "dashboard_notification"
         ordering = ["-created_at", "-pk"]
         indexes = [
             # The claim query: open rows ordered by next_attempt_at. Partial, so it only holds

@@ -23,6 +23,7 @@ from celery import shared_task
 from django.conf import settings
 
 from dashboard.notify.outbox import DeliveryReport, deliver_due, worker_name
+from sparkops.celery import DELIVER_NOTIFICATIONS
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def _only_run() -> Iterator[bool]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=DELIVER_NOTIFICATIONS, ignore_result=True)
 def deliver_notifications() -> dict[str, int]:
     """Deliver due notifications in batches until none is left or a bound is reached.
 

@@ -25,10 +25,10 @@ from django.conf import settings
 from django.core import mail
 from django.core.mail import EmailMultiAlternatives
 
-from collectors.httpfetch import FetchError, IPAddress, fetch
 from dashboard.notify import addresses
 from dashboard.notify.models import Channel, Notification
 from dashboard.notify.signing import signature_headers
+from sparkops.httpfetch import FetchError, IPAddress, fetch
 
 __all__ = [
     "TRANSPORTS",
@@ -194,7 +194,7 @@ _TEMPORARY_STATUSES = frozenset({408, 429})
 class WebhookTransport:
     """POSTs the notification's payload as JSON, signed with Standard Webhooks headers.
 
-    Goes through ``collectors.httpfetch.fetch``: one total ``deadline`` for resolving,
+    Goes through ``sparkops.httpfetch.fetch``: one total ``deadline`` for resolving,
     connecting, sending and reading the answer; the response body is capped at
     ``max_response_bytes`` and otherwise ignored; redirects are never followed; every resolved
     address is checked against the SSRF policy before connecting. Cost: one new connection per

@@ -1,7 +1,7 @@
 """Channel pages: list (any signed-in user), create, edit, enable/disable and send a test.
 
 Views are thin: the form validates, ``outbox`` enqueues and delivers. Creating, editing,
-enabling and disabling a channel needs ``dashboard.change_channels`` (403 otherwise, and an
+enabling and disabling a channel needs ``notify.change_channels`` (403 otherwise, and an
 audit row "refused" for a POST) and a POST with a CSRF token; each change writes an audit row
 that names the channel and what changed, never its secret or the webhook URL's path and query.
 """
@@ -17,11 +17,11 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from dashboard.access import CHANGE_CHANNELS, guarded
+from dashboard.audit.access import CHANGE_CHANNELS, guarded
+from dashboard.audit.records import audit
 from dashboard.notify import outbox
 from dashboard.notify.forms import ChannelForm
 from dashboard.notify.models import Channel, Notification
-from dashboard.restarts.audit import audit
 
 RECENT_PER_CHANNEL = 5
 CREATE_CHANNEL_ACTION = "create-channel"

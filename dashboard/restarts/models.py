@@ -1,7 +1,8 @@
-"""Restart windows, the restart ledger (planned and unplanned), runbook steps and the audit log.
+"""Restart windows, the restart ledger (planned and unplanned) and runbook steps.
 
-State changes are rows: every runbook step is a :class:`RestartStep`, every action an admin
-takes (or is refused) an :class:`AuditEntry`.
+State changes are rows: every runbook step is a :class:`RestartStep` (and every action an admin
+takes, or is refused, an ``audit.AuditEntry``). The tables keep the names they had under the
+``dashboard`` app (``dashboard_restart``, ...), so an upgrade moved no data.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from django.utils import timezone
 
 from collectors.models import Engine, Node
 
-__all__ = ["AuditEntry", "Restart", "RestartStep", "RestartWindow"]
+__all__ = ["Restart", "RestartStep", "RestartWindow"]
 
 DEFAULT_STARTUP_SECONDS = 600  # "about ten minutes" until an engine has its own history
 
@@ -39,6 +40,7 @@ class RestartWindow(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
+        db_table = "dashboard_restartwindow"
         ordering = ["node", "name"]
         permissions = [("change_windows", "Can create and edit restart windows")]
 
@@ -99,6 +101,7 @@ class Restart(models.Model):
     container_state = models.JSONField(default=dict, blank=True)
 
     class Meta:
+        db_table = "dashboard_restart"
         ordering = ["-requested_at"]
         permissions = [("run_restarts", "Can plan and run engine restarts")]
         constraints = [
@@ -129,38 +132,5 @@ class RestartStep(models.Model):
     data = models.JSONField(default=dict, blank=True)
 
     class Meta:
+        db_table = "dashboard_restartstep"
         ordering = ["started_at", "pk"]
-
-
-class AuditEntry(models.Model):
-    """Every dangerous or configuration action, also when refused or failed: who, from where,
-    what, on what, and the result.
-
-    ``allowed`` False means refused (no permission, or a guard said no); an allowed action that
-    went wrong has an ``outcome`` starting with "failed". ``details`` never holds a secret.
-    """
-
-    at = models.DateTimeField(default=timezone.now)
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
-                             on_delete=models.SET_NULL, related_name="+")
-    actor = models.CharField(max_length=120, blank=True)  # "worker:<host>" for the runbook
-    # The client address of the request that asked (None for the worker and older rows).
-    address = models.GenericIPAddressField(null=True, blank=True)
-    action = models.CharField(max_length=64)
-    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL,
-                             related_name="+")
-    engine = models.ForeignKey(Engine, null=True, blank=True, on_delete=models.SET_NULL,
-                               related_name="+")
-    restart = models.ForeignKey(Restart, null=True, blank=True, on_delete=models.SET_NULL,
-                                related_name="audit")
-    allowed = models.BooleanField()
-    outcome = models.TextField(blank=True)
-    details = models.JSONField(default=dict, blank=True)
-
-    class Meta:
-        ordering = ["-at"]
-        indexes = [models.Index(fields=["action", "at"], name="audit_action_at"),
-                   # The audit page lists newest first, unfiltered by default.
-                   models.Index(fields=["at"], name="audit_at")]
-        permissions = [("view_audit", "Can read the audit log"),
-                       ("unlock_logins", "Can see login lockouts and lift them")]

@@ -5,7 +5,7 @@ plan says when the engine will be back ("back by 03:22") and is refused when tha
 the end of its window. Two engines never start together on one node: the runbook carries plans out
 one after the other, and :func:`queue_forecast` shows what that means for each plan's start.
 
-Every decision here (allowed or refused) leaves an audit row (``dashboard.restarts.audit``).
+Every decision here (allowed or refused) leaves an audit row (``dashboard.audit.records``).
 Carrying a plan out is the runbook's job (``dashboard.restarts.tasks``); a new plan only nudges it.
 """
 
@@ -26,7 +26,7 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from collectors.models import Engine, Node
-from dashboard.restarts.audit import audit
+from dashboard.audit.records import audit
 from dashboard.restarts.models import DEFAULT_STARTUP_SECONDS, Restart, RestartWindow
 from dashboard.restarts.windows import (
     WindowOccurrence,
@@ -56,7 +56,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PERMISSION = "dashboard.run_restarts"
+PERMISSION = "restarts.run_restarts"
 PLAN_ACTION = "plan-restart"
 CANCEL_ACTION = "cancel-restart"
 NOT_MANAGED = ("not enabled for management: add the label sparkops.manage=true or enable it in "
@@ -79,7 +79,7 @@ class PlanRefused(Exception):
 
 
 class PermissionMissing(PlanRefused):
-    """The user lacks ``dashboard.run_restarts`` (a page answers 403)."""
+    """The user lacks ``restarts.run_restarts`` (a page answers 403)."""
 
 
 @dataclass(frozen=True)
@@ -118,12 +118,6 @@ class QueuedRestart:
     @property
     def overruns_window(self) -> bool:
         return self.window_end is not None and self.expected_back_by > self.window_end
-
-    @property
-    def delay_seconds(self) -> float:
-        """How much later than planned it is expected to start (0 when on time)."""
-        own = self.restart.scheduled_for or self.expected_start
-        return max(0.0, (self.expected_start - own).total_seconds())
 
 
 def can_run_restarts(user: Any) -> bool:

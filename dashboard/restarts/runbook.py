@@ -1,9 +1,11 @@
-"""The planned-restart runbook: carry out one restart of one engine safely, and record it.
+"""The planned-restart runbook: carry out one restart of one engine safely, on its node, and
+record it.
 
 On a GB10 an engine takes about ten minutes to start, page cache left in place makes it refuse to
-start, dropping the cache while it runs leaves it short, and two engines starting at once break
-each other's memory profiling (BRIEF). So a restart is a fixed sequence of steps, each written as
-a :class:`~dashboard.restarts.models.RestartStep` with its times, result and numbers:
+start (CUDA counts only MemFree as available), dropping the cache while it runs leaves it short,
+and two engines starting at once break each other's memory profiling (vLLM sizes its KV pool from
+the memory it sees free while it profiles). So a restart is a fixed sequence of steps, each
+written as a :class:`~dashboard.restarts.models.RestartStep` with its times, result and numbers:
 
 1. ``precheck``: will the engine's weights + KV pool (+ CUDA graphs) + prefill need fit in the
    room it would have after stopping it and dropping the page cache? If not: ``aborted``, with
@@ -27,23 +29,14 @@ a :class:`~dashboard.restarts.models.RestartStep` with its times, result and num
 8. ``record``: status, outcome, measured startup (start → ready), memory and KV capacity
    before and after, container state.
 
-Serialisation: a restart is *claimed* (``scheduled`` → ``running``) with one conditional UPDATE
-that succeeds only while no other restart of the node runs; the partial unique index
-``restart_one_running_per_node`` is the last line against a race. A claim that fails leaves the
-restart ``scheduled`` for a later dispatch. So one engine of a node starts only after the
-previous one is ready, which is after it logged its KV cache size.
-
-Staleness: a due restart that could have started more than ``SPARKOPS_RESTART_START_GRACE_SECONDS``
-ago (its time, or the end of the restart it waited for), or that would now overrun its window,
-is cancelled with the reason instead of run: a request queued during an outage does not fire
-hours later.
-
-Crash safety: the run writes ``heartbeat_at`` at least every poll; :func:`interrupt_stale_restarts`
-marks a running restart whose heartbeat went stale as ``interrupted``, with the container's real
-state. A run that finds its row no longer ``running`` (someone marked it) stops at once.
-
-While a restart is ``scheduled``, ``phase`` is "queued" once it was handed to the node's queue
-(``heartbeat_at`` then says when) and "waiting" when a claim found the node busy.
+The run happens on the engine's node (``run_restart_task`` on the node's queue): it reaches the
+container only through :mod:`collectors.docker_api`, host memory only through
+:mod:`collectors.procfs` and :mod:`collectors.meminfo`, the engine over HTTP through
+:mod:`sparkops.httpfetch` and :mod:`collectors.vllm.scrape`, and the page cache through
+:mod:`dashboard.restarts.pagecache`. The arithmetic of the two memory checks is in
+:mod:`dashboard.restarts.fit`; claiming, staleness and recovery in
+:mod:`dashboard.restarts.dispatch`. A run that finds its row no longer ``running`` (recovery
+marked it) stops at once.
 """
 
 from __future__ import annotations
@@ -58,9 +51,6 @@ from typing import Any
 
 import docker
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.db.models import Exists, Max, OuterRef, Q
-from django.db.models.functions import Coalesce
 
 from collectors.docker_api import (
     ContainerEngineError,
@@ -70,58 +60,45 @@ from collectors.docker_api import (
     start_container,
     stop_container,
 )
-from collectors.httpfetch import FetchError, fetch
-from collectors.ledger import EngineShare, engine_share
+from collectors.ledger import engine_share
 from collectors.meminfo import MemInfo, parse_meminfo
 from collectors.models import Engine, Event
 from collectors.nodes import local_procfs
 from collectors.procfs import Procfs, ProcfsError
-from collectors.sampling import Clock
+from collectors.sampling import Clock, stale_after
 from collectors.vllm.logs import StartupLog, parse_startup_log
 from collectors.vllm.scrape import ScrapeError, scrape
-from dashboard.restarts.audit import audit
+from dashboard.audit.records import audit
+from dashboard.restarts.dispatch import (
+    RUN_ACTION,
+    cancel_restart,
+    claim_restart,
+    end_unstarted,
+    stale_reason,
+)
+from dashboard.restarts.fit import (
+    PRECHECK_MARGIN_FRACTION,
+    precheck_fit,
+    recheck_fit,
+    startup_deadline_seconds,
+)
 from dashboard.restarts.models import Restart, RestartStep
 from dashboard.restarts.pagecache import DROP_TIMEOUT_SECONDS, PageCacheError, drop_page_cache
-from dashboard.restarts.windows import current_or_next
+from sparkops.httpfetch import FetchError, fetch
+from sparkops.units import GIB, size_text
 
-__all__ = [
-    "PRECHECK_MARGIN_FRACTION",
-    "REDISPATCH_SECONDS",
-    "STEPS",
-    "Fit",
-    "claim_restart",
-    "engine_holds",
-    "engine_need",
-    "interrupt_stale_restarts",
-    "precheck_fit",
-    "recheck_fit",
-    "restarts_to_dispatch",
-    "run_restart",
-    "stale_reason",
-    "startup_deadline_seconds",
-]
+__all__ = ["STEPS", "RestartLost", "run_restart"]
 
 log = logging.getLogger(__name__)
 
 STEPS = ("precheck", "drain", "stop", "drop_caches", "recheck", "start", "follow", "record")
-RUN_ACTION = "run-restart"
 STOP_ACTION = "stop-engine"
 START_ACTION = "start-engine"
-GIB = 1024**3
-MIB = 1024**2
-# Room kept free on top of the need: 1 % of MemTotal (≈ 1.2 GiB on a GB10), for what no report
-# covers (the CUDA context, allocator slack, a neighbour's small growth meanwhile).
-PRECHECK_MARGIN_FRACTION = 0.01
 POLL_SECONDS = 1.0
 HEALTH_DEADLINE_SECONDS = 2.0
 # After the log reports a startup error, how long the container may take to exit.
 EXIT_AFTER_ERROR_SECONDS = 10.0
 SCRAPE_DEADLINE_SECONDS = 4.0
-# A restart handed to a node's queue is handed again after this long if nobody claimed it; the
-# message itself expires then, so a message stuck in a queue never fires late.
-REDISPATCH_SECONDS = 60.0
-# The ledger's interval minimum counts only while it is this recent.
-LEDGER_FRESH = timedelta(minutes=2)
 # A neighbour before this phase has not yet logged its KV cache size: starting now would break
 # its memory profiling (and ours).
 _NOT_YET_SIZED = {"loading", "profiling"}
@@ -138,307 +115,6 @@ class _Finish(Exception):
         super().__init__(outcome)
         self.status = status
         self.outcome = outcome
-
-
-# --- the arithmetic of the two memory checks -----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Fit:
-    """Does ``need`` fit in ``room`` less ``margin``? Bytes; None means unknown, never 0.
-
-    ``parts`` holds the figures the sum came from (for the step's data), ``missing`` what was
-    needed but unknown. ``fits`` is None when the answer is unknown.
-    """
-
-    need: int | None
-    room: int | None
-    margin: int
-    parts: dict[str, int | None] = field(default_factory=dict)
-    missing: tuple[str, ...] = ()
-
-    @property
-    def fits(self) -> bool | None:
-        if self.need is None or self.room is None:
-            return None
-        return self.need + self.margin <= self.room
-
-    def describe(self, room_words: str) -> str:
-        """E.g. "needs 31.2 GiB (+ 1.2 GiB margin), 24.0 GiB would be free"."""
-        if self.fits is None:
-            return f"{' and '.join(self.missing) or 'a figure'} unknown"
-        return (f"needs {size(self.need)} (+ {size(self.margin)} margin), "
-                f"{size(self.room)} {room_words}")
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"need_bytes": self.need, "room_bytes": self.room, "margin_bytes": self.margin,
-                "fits": self.fits, "parts": dict(self.parts), "missing": list(self.missing)}
-
-
-def engine_need(share: EngineShare) -> tuple[int | None, dict[str, int | None], tuple[str, ...]]:
-    """``(need, parts, missing)``: weights + KV pool, plus CUDA graphs and the transient prefill
-    need when known. Weights and KV pool are required: without them there is no need to compare
-    (an engine that never reported them cannot be pre-checked)."""
-    parts = {"weights": share.weights, "kv_pool": share.kv_pool,
-             "cuda_graphs": share.cuda_graphs, "prefill": share.prefill_need}
-    missing = tuple(f"its {name.replace('_', ' ')}" for name in ("weights", "kv_pool")
-                    if parts[name] is None)
-    if missing:
-        return None, parts, missing
-    return sum(value for value in parts.values() if value is not None), parts, ()
-
-
-def engine_holds(share: EngineShare, *, running: bool) -> int | None:
-    """What stopping the engine gives back: 0 when it is not running; else the larger of what it
-    reports reserving (weights + KV pool + graphs, as known) and what it is seen holding (NVML
-    per-process or cgroup). Each view misses something: on GB10 the cgroup does not see GPU
-    allocations, and the reports leave out the CUDA context and activations."""
-    if not running:
-        return 0
-    reported = None
-    if share.weights is not None and share.kv_pool is not None:
-        reported = share.weights + share.kv_pool + (share.cuda_graphs or 0)
-    known = [value for value in (reported, share.actual) if value is not None]
-    return max(known) if known else None
-
-
-def precheck_fit(share: EngineShare, *, mem_available: int | None, running: bool,
-                 margin: int) -> Fit:
-    """Before touching anything: the need against MemAvailable + what the engine holds.
-
-    MemAvailable already counts the reclaimable page cache the drop will hand back (as free
-    pages), so it is not added a second time; after the stop and the drop, MemFree is about
-    this sum.
-    """
-    need, parts, missing = engine_need(share)
-    holds = engine_holds(share, running=running)
-    room = None if mem_available is None or holds is None else mem_available + holds
-    absent = list(missing)
-    if mem_available is None:
-        absent.append("MemAvailable")
-    if holds is None:
-        absent.append("what it holds now")
-    return Fit(need=need, room=room, margin=margin,
-               parts={**parts, "mem_available": mem_available, "engine_holds": holds},
-               missing=tuple(absent))
-
-
-def recheck_fit(need: int, *, mem_free: int | None, margin: int) -> Fit:
-    """After the stop and the drop: the need against MemFree, what CUDA sees on GB10."""
-    return Fit(need=need, room=mem_free, margin=margin, parts={"mem_free": mem_free},
-               missing=() if mem_free is not None else ("MemFree",))
-
-
-def startup_deadline_seconds(expected_startup_seconds: float) -> float:
-    """How long a start may take: expected × factor, never less than the minimum (15 min)."""
-    return max(expected_startup_seconds * settings.SPARKOPS_RESTART_DEADLINE_FACTOR,
-               settings.SPARKOPS_RESTART_MIN_DEADLINE_SECONDS)
-
-
-def size(value: int | None) -> str:
-    """Bytes for people: GiB with one decimal, MiB below 1 GiB (the emulator's scale)."""
-    if value is None:
-        return "unknown"
-    return f"{value / GIB:.1f} GiB" if abs(value) >= GIB else f"{value / MIB:.0f} MiB"
-
-
-# --- claiming, staleness and dispatch ------------------------------------------------------------
-
-
-def claim_restart(restart: Restart, *, now: datetime, worker: str) -> bool:
-    """``scheduled`` → ``running`` for this worker, only while no other restart of the node runs.
-
-    One conditional UPDATE; on PostgreSQL two concurrent claims can both pass the NOT EXISTS
-    (neither sees the other's uncommitted row), and then the unique index turns the second into
-    an IntegrityError: not claimed either. Returns whether this call claimed it.
-    """
-    try:
-        with transaction.atomic():
-            return _conditional_claim(restart, now=now, worker=worker) == 1
-    except IntegrityError:
-        return False
-
-
-def _conditional_claim(restart: Restart, *, now: datetime, worker: str) -> int:
-    others = Restart.objects.filter(node_id=OuterRef("node_id"), status=Restart.Status.RUNNING)
-    # Until the start sets the real deadline, hold alerts for the longest the run can take.
-    provisional = now + timedelta(
-        seconds=settings.SPARKOPS_RESTART_DRAIN_TIMEOUT_SECONDS
-        + startup_deadline_seconds(restart.expected_startup_seconds) + 120)
-    return (Restart.objects.filter(pk=restart.pk, status=Restart.Status.SCHEDULED)
-            .filter(~Exists(others))
-            .update(status=Restart.Status.RUNNING, started_at=now, heartbeat_at=now,
-                    phase="claimed", worker=worker, deadline=provisional))
-
-
-def stale_reason(restart: Restart, now: datetime) -> str:
-    """Why a due ``scheduled`` restart must no longer run ("" when it still may).
-
-    Waiting behind another restart of the node is not staleness: the grace counts from the
-    later of its own time and the end of the last restart of the node that ran after it.
-    """
-    due = restart.scheduled_for or restart.requested_at
-    if due > now or _node_busy(restart):
-        return ""
-    blocked_until = (Restart.objects.filter(node_id=restart.node_id, kind=Restart.Kind.PLANNED,
-                                            finished_at__gt=due).exclude(pk=restart.pk)
-                     .aggregate(latest=Max("finished_at"))["latest"])
-    since = max(due, blocked_until or due)
-    grace = timedelta(seconds=settings.SPARKOPS_RESTART_START_GRACE_SECONDS)
-    if now - since > grace:
-        return (f"due at {due:%Y-%m-%d %H:%M:%S} UTC but not started within "
-                f"{grace.total_seconds():.0f} s (queued during an outage?); not started "
-                f"{_duration(now - due)} late")
-    window_end = _window_end(restart)
-    back_by = now + timedelta(seconds=restart.expected_drain_seconds
-                              + restart.expected_startup_seconds)
-    if window_end is not None and back_by > window_end:
-        return (f"its window ends at {window_end:%H:%M:%S} UTC; started now it would be back "
-                f"only by {back_by:%H:%M:%S} UTC")
-    return ""
-
-
-def restarts_to_dispatch(now: datetime) -> list[Restart]:
-    """The restarts to hand to their nodes' queues now: per node, the oldest due one.
-
-    Stale ones are cancelled on the way. A node with a running restart gets nothing (its next
-    one waits). A restart handed over less than :data:`REDISPATCH_SECONDS` ago is not handed
-    again; the handover is a conditional UPDATE, so two dispatchers never both send it.
-    """
-    due = (Restart.objects.filter(kind=Restart.Kind.PLANNED, status=Restart.Status.SCHEDULED)
-           .filter(Q(scheduled_for__lte=now)
-                   | Q(scheduled_for__isnull=True, requested_at__lte=now))
-           .select_related("node", "engine", "window")
-           .order_by(Coalesce("scheduled_for", "requested_at"), "pk"))
-    busy = set(Restart.objects.filter(status=Restart.Status.RUNNING)
-               .values_list("node_id", flat=True))
-    chosen: dict[int, Restart] = {}
-    for restart in due:
-        if restart.node_id in busy or restart.node_id in chosen:
-            continue
-        reason = stale_reason(restart, now)
-        if reason:
-            _cancel(restart, reason, now, actor="dispatcher")
-            continue
-        chosen[restart.node_id] = restart
-    handed_before = now - timedelta(seconds=REDISPATCH_SECONDS)
-    return [
-        restart for restart in chosen.values()
-        if Restart.objects.filter(pk=restart.pk, status=Restart.Status.SCHEDULED)
-        .filter(Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=handed_before))
-        .update(phase="queued", heartbeat_at=now)
-    ]
-
-
-def interrupt_stale_restarts(now: datetime, *, local_node: str,
-                             api: docker.DockerClient | None, api_error: str = "",
-                             node_name: str | None = None) -> list[Restart]:
-    """Mark running restarts whose heartbeat is older than
-    ``SPARKOPS_RESTART_HEARTBEAT_STALE_SECONDS`` as ``interrupted`` (their worker died).
-
-    ``container_state`` is the container's real state, read through ``api`` for restarts of
-    ``local_node``; for other nodes (or without ``api``) it is the state their collector saw
-    last, marked with its source. Each is marked with a conditional UPDATE on the heartbeat it
-    was read with, so a run that is alive after all is never overwritten. A critical
-    ``restart-interrupted`` event is written for each. Returns the restarts marked.
-    """
-    stale_before = now - timedelta(seconds=settings.SPARKOPS_RESTART_HEARTBEAT_STALE_SECONDS)
-    rows = (Restart.objects.filter(status=Restart.Status.RUNNING)
-            .filter(Q(heartbeat_at__lt=stale_before)
-                    | Q(heartbeat_at__isnull=True, started_at__lt=stale_before))
-            .select_related("node", "engine"))
-    if node_name is not None:
-        rows = rows.filter(node__name=node_name)
-    marked = []
-    for restart in rows:
-        live = api if restart.node.name == local_node else None
-        state = _observed_state(restart.engine, live, api_error)
-        outcome = _interrupted_outcome(restart, state)
-        updated = Restart.objects.filter(
-            pk=restart.pk, status=Restart.Status.RUNNING, heartbeat_at=restart.heartbeat_at,
-        ).update(status=Restart.Status.INTERRUPTED, finished_at=now, container_state=state,
-                 outcome=outcome)
-        if not updated:
-            continue
-        Event.objects.create(node=restart.node, engine=restart.engine, at=now,
-                             kind="restart-interrupted", severity=Event.Severity.CRITICAL,
-                             message=f"{restart.engine.name}: {outcome}")
-        restart.refresh_from_db()
-        marked.append(restart)
-    return marked
-
-
-def _node_busy(restart: Restart) -> bool:
-    return Restart.objects.filter(node_id=restart.node_id, status=Restart.Status.RUNNING) \
-        .exclude(pk=restart.pk).exists()
-
-
-def _window_end(restart: Restart) -> datetime | None:
-    """End of the occurrence of the restart's window that holds its time, if any."""
-    due = restart.scheduled_for or restart.requested_at
-    if restart.window is None:
-        return None
-    try:
-        occurrence = current_or_next(restart.window, due)
-    except ValueError:
-        return None  # edited into something unreadable: no bound to hold it to
-    if occurrence is None or not occurrence.contains(due):
-        return None
-    return occurrence.end
-
-
-def _cancel(restart: Restart, reason: str, now: datetime, *, actor: str) -> bool:
-    cancelled = Restart.objects.filter(pk=restart.pk, status=Restart.Status.SCHEDULED).update(
-        status=Restart.Status.CANCELLED, finished_at=now, outcome=f"Not started: {reason}.")
-    if cancelled:
-        audit(RUN_ACTION, allowed=False, actor=actor, node=restart.node, engine=restart.engine,
-              restart=restart, outcome=f"cancelled: {reason}")
-        Event.objects.create(node=restart.node, engine=restart.engine, at=now,
-                             kind="restart-cancelled", severity=Event.Severity.WARNING,
-                             message=f"{restart.engine.name}: planned restart not started: "
-                                     f"{reason}.")
-    return bool(cancelled)
-
-
-def _observed_state(engine: Engine, api: docker.DockerClient | None,
-                    api_error: str) -> dict[str, Any]:
-    if api is not None:
-        try:
-            return {**container_status(api, engine.container_id).as_dict(), "source": "live"}
-        except ContainerEngineError as error:
-            api_error = str(error)
-    engine.refresh_from_db()
-    return {"state": engine.container_state, "running": engine.container_state == "running",
-            "exists": engine.present, "exit_code": engine.exit_code,
-            "started_at": engine.started_at.isoformat() if engine.started_at else None,
-            "source": "last collection",
-            "as_of": engine.last_seen.isoformat() if engine.last_seen else None,
-            **({"error": api_error} if api_error else {})}
-
-
-def _interrupted_outcome(restart: Restart, state: dict[str, Any]) -> str:
-    beat = restart.heartbeat_at or restart.started_at
-    when = f"{beat:%H:%M:%S} UTC" if beat else "an unknown time"
-    if state.get("running"):
-        container = "running"
-    elif state.get("exists") is False:
-        container = "gone"
-    else:
-        container = f"{state.get('state') or 'unknown'} (exit code {state.get('exit_code')})"
-    source = "" if state.get("source") == "live" else " as last collected"
-    return (f"Interrupted: {restart.worker or 'its worker'} stopped reporting during step "
-            f"'{restart.phase or '?'}' (last heartbeat {when}). The container is "
-            f"{container}{source}; check the engine before planning again.")
-
-
-def _duration(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    if seconds >= 3600:
-        return f"{seconds // 3600} h {seconds % 3600 // 60} min"
-    return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
-
-
-# --- the run -------------------------------------------------------------------------------------
 
 
 def run_restart(restart_id: int, *, api: docker.DockerClient | None, api_error: str = "",
@@ -469,7 +145,7 @@ def run_restart(restart_id: int, *, api: docker.DockerClient | None, api_error: 
         return restart
     reason = stale_reason(restart, now)
     if reason:
-        _cancel(restart, reason, now, actor=actor)
+        cancel_restart(restart, reason, now, actor=actor)
     elif not restart.engine.manageable:
         _refuse(restart, now, actor)
     elif not claim_restart(restart, now=now, worker=actor):
@@ -490,14 +166,7 @@ def run_restart(restart_id: int, *, api: docker.DockerClient | None, api_error: 
 def _refuse(restart: Restart, now: datetime, actor: str) -> None:
     reason = (f"{restart.engine.name} is not enabled for management (label sparkops.manage=true "
               "or the admin setting); nothing was touched")
-    refused = Restart.objects.filter(pk=restart.pk, status=Restart.Status.SCHEDULED).update(
-        status=Restart.Status.REFUSED, finished_at=now, outcome=f"Refused: {reason}.")
-    if refused:
-        audit(RUN_ACTION, allowed=False, actor=actor, node=restart.node, engine=restart.engine,
-              restart=restart, outcome=f"refused: {reason}")
-        Event.objects.create(node=restart.node, engine=restart.engine, at=now,
-                             kind="restart-refused", severity=Event.Severity.WARNING,
-                             message=f"{restart.engine.name}: planned restart refused: {reason}.")
+    end_unstarted(restart, Restart.Status.REFUSED, reason, now, actor=actor)
 
 
 @dataclass
@@ -665,7 +334,8 @@ class _Run:
                 # Not fatal: the re-check measures whether the engine fits anyway.
                 note.done(f"not dropped: {error}; going on to the re-check", ok=False)
                 return
-            note.done(f"Cached {size(result.cached_before)} → {size(result.cached_after)}",
+            note.done(f"Cached {size_text(result.cached_before)} → "
+                      f"{size_text(result.cached_after)}",
                       cached_before_bytes=result.cached_before,
                       cached_after_bytes=result.cached_after)
 
@@ -838,7 +508,8 @@ class _Run:
         return int(total * PRECHECK_MARGIN_FRACTION)
 
     def _mem_available(self, info: MemInfo | None) -> tuple[int | None, str]:
-        """The lower of MemAvailable now and the ledger's interval minimum (when recent): the
+        """The lower of MemAvailable now and the ledger's interval minimum (while the ledger is
+        no older than :func:`collectors.sampling.stale_after` the collection interval): the
         ledger catches a neighbour's transient prefill dip that one reading would miss."""
         now_value = info.mem_available if info else None
         self.node.refresh_from_db(fields=["ledger"])
@@ -846,7 +517,8 @@ class _Run:
         ledger_value = ledger.get("headroom")
         fresh = False
         if ledger_value is not None and ledger.get("at"):
-            fresh = self.clock.wall() - datetime.fromisoformat(ledger["at"]) <= LEDGER_FRESH
+            age = self.clock.wall() - datetime.fromisoformat(ledger["at"])
+            fresh = age.total_seconds() <= stale_after(settings.SPARKOPS_COLLECT_INTERVAL)
         candidates = {"MemAvailable now": now_value,
                       "ledger interval minimum": ledger_value if fresh else None}
         known = {name: value for name, value in candidates.items() if value is not None}
@@ -867,8 +539,9 @@ class _Run:
 
     def wait_for_neighbours(self) -> float:
         """Wait until no other engine of the node is starting without having logged its KV
-        cache size (BRIEF: serialise starts). Bounded by the minimum startup deadline; an
-        engine still not sized by then ends the run (left stopped)."""
+        cache size (two engines profiling at once each see the other's memory as taken).
+        Bounded by the minimum startup deadline; an engine still not sized by then ends the
+        run (left stopped)."""
         begun = self.clock.mono()
         limit = settings.SPARKOPS_RESTART_MIN_DEADLINE_SECONDS
         while True:

@@ -24,20 +24,25 @@ from django.utils import timezone
 
 from collectors import docker_api
 from collectors.tasks import WrongNodeError
-from dashboard.restarts.audit import audit
-from dashboard.restarts.models import Restart
-from dashboard.restarts.runbook import (
+from dashboard.audit.records import audit
+from dashboard.restarts.dispatch import (
     REDISPATCH_SECONDS,
     interrupt_stale_restarts,
     restarts_to_dispatch,
-    run_restart,
 )
-from sparkops.celery import node_queue
+from dashboard.restarts.models import Restart
+from dashboard.restarts.runbook import run_restart
+from sparkops.celery import (
+    DISPATCH_DUE_RESTARTS,
+    RECOVER_INTERRUPTED_RESTARTS,
+    RUN_RESTART,
+    node_queue,
+)
 
 log = logging.getLogger(__name__)
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=RUN_RESTART, ignore_result=True)
 def run_restart_task(restart_id: int) -> str:
     """Run the restart's runbook on this node (blocks for the whole restart); its final status.
 
@@ -63,7 +68,7 @@ def run_restart_task(restart_id: int) -> str:
             api.close()
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=DISPATCH_DUE_RESTARTS, ignore_result=True)
 def dispatch_due_restarts() -> int:
     """Hand each node's oldest due restart to the node's queue; how many were handed."""
     handed = restarts_to_dispatch(timezone.now())
@@ -73,7 +78,7 @@ def dispatch_due_restarts() -> int:
     return len(handed)
 
 
-@shared_task(ignore_result=True)
+@shared_task(name=RECOVER_INTERRUPTED_RESTARTS, ignore_result=True)
 def recover_interrupted_restarts() -> int:
     """Mark running restarts whose heartbeat went stale as interrupted; how many were marked.
 

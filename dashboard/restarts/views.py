@@ -2,7 +2,7 @@
 ``dashboard.restarts.windows`` and ``dashboard.restarts.planning``.
 
 Everyone logged in can read them. Changing anything is a POST with CSRF: a plan or a
-cancellation needs ``dashboard.run_restarts``, a window ``dashboard.change_windows``. Anyone else
+cancellation needs ``restarts.run_restarts``, a window ``restarts.change_windows``. Anyone else
 gets 403, and the refusal is audited. The forms themselves (GET) need the permission too,
 without an audit row: looking is no action. Audit rows carry the request's client address.
 """
@@ -25,10 +25,11 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from collectors.models import Engine, Node
-from dashboard.access import CHANGE_WINDOWS, guarded
-from dashboard.restarts.audit import audit, audit_request, from_request
+from dashboard.audit.access import CHANGE_WINDOWS, guarded
+from dashboard.audit.models import AuditEntry
+from dashboard.audit.records import audit, audit_request, from_request
 from dashboard.restarts.forms import PlanForm, RestartWindowForm, plannable_engines
-from dashboard.restarts.models import AuditEntry, Restart, RestartStep, RestartWindow
+from dashboard.restarts.models import Restart, RestartStep, RestartWindow
 from dashboard.restarts.planning import (
     PERMISSION,
     PLAN_ACTION,
@@ -44,6 +45,7 @@ from dashboard.restarts.planning import (
     queue_forecast,
 )
 from dashboard.restarts.windows import WindowOccurrence, current_or_next, resolve_zone
+from sparkops.units import fixed_gib_text, gib
 
 # How many finished restarts the ledger and the chart show; older ones stay in the database.
 HISTORY_LIMIT = 100
@@ -59,7 +61,7 @@ View = Callable[..., HttpResponse]
 
 
 def change_permission_required(view: View) -> View:
-    """Login first (redirect); without ``dashboard.run_restarts`` a GET is 403. POSTs are checked
+    """Login first (redirect); without ``restarts.run_restarts`` a GET is 403. POSTs are checked
     (and a refusal audited) by the view itself, which knows what was asked."""
 
     @login_required
@@ -400,17 +402,17 @@ def capacity_summary(snapshot: dict[str, Any] | None) -> str:
     tokens = snapshot.get("kv_cache_tokens")
     if isinstance(tokens, int | float):
         parts.append(f"{tokens / 1e6:.2f} M KV tokens")
-    gib = snapshot.get("kv_cache_gib")
-    if gib is None and isinstance(snapshot.get("kv_cache_bytes"), int | float):
-        gib = snapshot["kv_cache_bytes"] / 1024**3
-    if isinstance(gib, int | float):
-        parts.append(f"{gib:.1f} GiB KV pool")
+    pool_gib = snapshot.get("kv_cache_gib")
+    if pool_gib is None and isinstance(snapshot.get("kv_cache_bytes"), int | float):
+        pool_gib = gib(snapshot["kv_cache_bytes"])
+    if isinstance(pool_gib, int | float):
+        parts.append(f"{pool_gib:.1f} GiB KV pool")
     concurrency = snapshot.get("max_concurrency")
     if isinstance(concurrency, int | float):
         parts.append(f"{concurrency:g}× max concurrency")
     available = snapshot.get("mem_available_bytes")
     if isinstance(available, int | float):
-        parts.append(f"MemAvailable {available / 1024**3:.1f} GiB")
+        parts.append(f"MemAvailable {fixed_gib_text(available, 1)}")
     return " · ".join(parts) or "unknown"
 
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from dashboard.alerting.lifecycle import evaluate
 from dashboard.alerting.models import Alert, RuleSetting, Silence
 from dashboard.alerting.silences import create_silence
-from dashboard.restarts.models import AuditEntry
+from dashboard.audit.models import AuditEntry
 from tests.access import grant
 from tests.alerting.helpers import floor, make_engine, overcommit
 
@@ -116,7 +116,7 @@ def test_viewer_sees_pages_but_cannot_change_anything(viewer_client, node):
     assert not silence.expired_early
     assert not RuleSetting.objects.exists()
     assert "Creating or expiring silences needs the permission to create and expire silences " \
-        "(dashboard.change_silences)" in \
+        "(alerting.change_silences)" in \
         viewer_client.get(reverse("dashboard:silences")).content.decode()
 
 
@@ -279,8 +279,8 @@ def test_staff_without_the_permissions_is_refused_and_each_refusal_is_audited(
 
     assert [r.status_code for r in (created, expired, edited)] == [403] * 3
     assert "bare lacks the permission to create and expire silences " \
-        "(dashboard.change_silences)" in created.content.decode()
-    assert "lacks the permission to change alert rule settings (dashboard.change_rules)" in \
+        "(alerting.change_silences)" in created.content.decode()
+    assert "lacks the permission to change alert rule settings (alerting.change_rules)" in \
         edited.content.decode()
     assert Silence.objects.count() == 1 and not RuleSetting.objects.exists()
     silence.refresh_from_db()

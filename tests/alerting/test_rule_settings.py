@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 
 from dashboard.alerting.models import RuleSetting
+from dashboard.alerting.rules import DEFAULT_REPEAT_SECONDS, RULES
+from dashboard.alerting.rules.headroom_floor import floor_gib
 from dashboard.alerting.settings import (
-    DEFAULT_REPEAT_SECONDS,
-    GIB,
-    RULES,
     UnknownRule,
     all_rule_settings,
     duration_text,
-    headroom_floor_gib,
+    rule_defaults,
     rule_settings,
 )
+from sparkops.units import GIB
 
 
 @pytest.mark.parametrize(("rule", "for_seconds", "thresholds"), [
@@ -63,6 +63,17 @@ def test_unknown_rule_is_an_error(db):
         rule_settings("no-such-rule")
 
 
+def test_the_registry_holds_every_rule_once_in_documentation_order():
+    assert list(RULES) == ["prefill-squeeze", "headroom-floor", "queue-backlog", "prefill-stall",
+                           "engine-down", "overcommit", "unplanned-restart", "restart-failed"]
+    assert all(rule.name == name for name, rule in RULES.items())
+    assert rule_defaults("unplanned-restart") is RULES["unplanned-restart"]
+    assert (RULES["unplanned-restart"].repeat_seconds, RULES["restart-failed"].repeat_seconds) \
+        == (24 * 3600, DEFAULT_REPEAT_SECONDS)
+    with pytest.raises(UnknownRule):
+        rule_defaults("no-such-rule")
+
+
 def test_all_rule_settings_lists_every_rule_in_order(db):
     RuleSetting.objects.create(rule="overcommit", enabled=False)
 
@@ -83,7 +94,7 @@ def test_headroom_floor_scales_down_on_small_machines(db, mem_total_gib, expecte
     setting = rule_settings("headroom-floor")
     total = None if mem_total_gib is None else int(mem_total_gib * GIB)
 
-    assert headroom_floor_gib(setting, total) == pytest.approx(expected, rel=1e-6)
+    assert floor_gib(setting.thresholds, total) == pytest.approx(expected, rel=1e-6)
 
 
 @pytest.mark.parametrize(("seconds", "text"), [

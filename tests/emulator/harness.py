@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from sparkops.testing.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
@@ -32,11 +33,6 @@ FAST_PHASES = (
     "0.2",
 )
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Emulator:

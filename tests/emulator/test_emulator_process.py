@@ -126,7 +126,8 @@ def test_startup_lines_appear_in_order_in_the_styles_format(started: Started) ->
         assert found, f"missing {pattern!r} in:\n" + "\n".join(lines)
         positions.append(found[0])
     assert positions == sorted(positions)
-    # A pinned pool suppresses `Available KV cache memory` (ENGINES.md §2.2) and vice versa.
+    # A pinned pool suppresses `Available KV cache memory` (vLLM's gpu_worker.py prints it only
+    # for a profiled pool) and vice versa.
     text = "\n".join(lines)
     if started.style == "0.33":
         assert "Available KV cache memory" not in text

@@ -17,7 +17,7 @@ import pytest
 from django.utils import timezone
 
 from collectors.models import Node
-from tests.conftest import free_port, wait_for_port
+from sparkops.testing.ports import free_port, wait_for_port
 from tests.exports.world import GIB, TOKEN, build
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -12,7 +12,7 @@ from dashboard.notify import outbox
 from dashboard.notify.models import Channel, Notification
 from dashboard.notify.payloads import build_alert_message
 from dashboard.notify.transports import TRANSPORTS
-from tests.notify.servers import WebhookReceiver
+from sparkops.testing.webhooks import WebhookReceiver
 
 # A fixed instant for explicit ``now`` values: tests move time forward by passing it, not by
 # sleeping. Real deliveries stamp headers with the wall clock, which is what receivers check.

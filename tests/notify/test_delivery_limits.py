@@ -16,8 +16,8 @@ from django.urls import reverse
 from dashboard.notify import outbox, tasks
 from dashboard.notify.models import Channel, Notification
 from dashboard.notify.transports import TRANSPORTS, TransportError
+from sparkops.testing.webhooks import Reply
 from tests.notify.conftest import T0, enqueue_alert
-from tests.notify.servers import Reply
 
 
 class ScriptedTransport:
@@ -228,6 +228,7 @@ def test_a_second_delivery_run_returns_at_once_while_one_is_going(scripted, make
 # --- "Send test" ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_send_test_to_a_hanging_receiver_returns_within_the_short_deadline(
         admin_client, receiver, make_webhook, monkeypatch):
     monkeypatch.setattr(TRANSPORTS["webhook"], "deadline", 10.0)  # the production deadline

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from dashboard.notify import outbox
-from tests.conftest import free_port
+from sparkops.testing.ports import free_port
 from tests.notify.conftest import T0, enqueue_alert
 from tests.notify.servers import ScriptedSMTPHandler, silent_listener, smtp_server
 

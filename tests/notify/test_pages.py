@@ -10,12 +10,13 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from dashboard.audit.models import AuditEntry
 from dashboard.notify.forms import ChannelForm
 from dashboard.notify.models import Channel, Notification
-from dashboard.restarts.models import AuditEntry
+from sparkops.testing.webhooks import Reply
 from tests.access import grant
 from tests.notify.conftest import enqueue_alert
-from tests.notify.servers import Reply, ScriptedSMTPHandler, resolving, smtp_server
+from tests.notify.servers import ScriptedSMTPHandler, resolving, smtp_server
 
 pytestmark = pytest.mark.slow
 
@@ -249,7 +250,7 @@ def test_staff_without_the_permission_cannot_redirect_or_disable_a_channel(
 
     assert [r.status_code for r in responses] == [403] * 3
     assert "bare lacks the permission to create, edit, enable and disable notification " \
-        "channels (dashboard.change_channels)" in responses[1].content.decode()
+        "channels (notify.change_channels)" in responses[1].content.decode()
     channel.refresh_from_db()
     assert channel.enabled and channel.recipients == ["ops@example.com"]
     assert Channel.objects.count() == 1
@@ -296,7 +297,7 @@ def test_send_test_needs_the_channel_permission(bare_staff_client, make_webhook,
     response = bare_staff_client.post(reverse("dashboard:channel-test", args=[channel.pk]))
 
     assert response.status_code == 403
-    assert "dashboard.change_channels" in response.content.decode()
+    assert "notify.change_channels" in response.content.decode()
     assert receiver.requests == []
     refused = AuditEntry.objects.get()
     assert (refused.action, refused.allowed) == ("test-channel", False)

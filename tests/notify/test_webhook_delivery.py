@@ -13,9 +13,10 @@ import pytest
 from dashboard.notify import outbox
 from dashboard.notify.models import Channel, Notification
 from dashboard.notify.transports import parse_retry_after
-from tests.conftest import free_port
+from sparkops.testing.ports import free_port
+from sparkops.testing.webhooks import Reply, WebhookReceiver
 from tests.notify.conftest import T0, enqueue_alert
-from tests.notify.servers import Reply, WebhookReceiver, resolving, silent_listener
+from tests.notify.servers import resolving, silent_listener
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from collectors.nvml import container_id_for_pid, read_gpus
+from collectors.nvml import read_gpus
+from collectors.procfs import container_id_for_pid
 
 HOLD_BYTES = 1 << 30
 

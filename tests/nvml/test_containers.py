@@ -10,12 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors.nvml import (
-    container_id_for_pid,
-    container_ids_for_pids,
-    processes_by_container,
-    read_gpus,
-)
+from collectors.nvml import processes_by_container, read_gpus
+from collectors.procfs import container_id_for_pid, container_ids_for_pids
 from tests.nvml.stand_in import GB10_GRAPHICS_PID, GB10_VLLM_PIDS, GIB, StandInNvml, gb10, h100
 
 PROCFS = Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "procfs"
@@ -67,11 +63,11 @@ PROCFS = Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "procfs"
     ],
 )
 def test_container_id_from_cgroup_file(pid: int, expected: str | None) -> None:
-    assert container_id_for_pid(pid, procfs=PROCFS) == expected
+    assert container_id_for_pid(pid, proc_root=PROCFS) == expected
 
 
 def test_container_ids_for_the_pids_of_a_report() -> None:
-    found = container_ids_for_pids([1001, 1010], procfs=str(PROCFS))
+    found = container_ids_for_pids([1001, 1010], proc_root=str(PROCFS))
 
     assert found == {
         1001: "6de102c1cecc011032305908295668eedad74d736c6d216e4c42f416ae84988f",
@@ -140,3 +136,20 @@ def test_real_podman_container_is_found_from_its_host_pid() -> None:
             timeout=120,
             check=False,
         )
+
+
+def test_one_cgroup_parser_reads_every_hierarchy_line() -> None:
+    from collectors.procfs import CgroupEntry, container_id_in_cgroup_path, parse_cgroup
+
+    cid = "ab" * 32
+    entries = parse_cgroup(f"12:memory:/docker/{cid}\n"
+                           "4:cpu,cpuacct:/user.slice\n"
+                           f"0::/system.slice/docker-{cid}.scope/a:b\n"
+                           "not a cgroup line\n")
+
+    assert entries == [
+        CgroupEntry("12", ("memory",), f"/docker/{cid}"),
+        CgroupEntry("4", ("cpu", "cpuacct"), "/user.slice"),
+        CgroupEntry("0", (), f"/system.slice/docker-{cid}.scope/a:b"),
+    ]
+    assert [container_id_in_cgroup_path(entry.path) for entry in entries] == [cid, None, cid]

@@ -26,7 +26,8 @@ from collectors.models import Engine, Node
 from collectors.procfs import Procfs
 from collectors.sampling import Clock
 from dashboard.restarts.models import Restart
-from tests.conftest import PROJECT, free_port
+from sparkops.testing.ports import free_port
+from tests.conftest import PROJECT
 from tests.containers import run_container, unique_name
 
 EMULATOR = PROJECT / "collectors" / "emulator" / "bin" / "vllm"

@@ -12,15 +12,10 @@ import pytest
 from django.utils import timezone
 
 from collectors.docker_api import GONE, ContainerEngineError, ContainerStatus
+from collectors.pagecache import DropFailed, drop_command
+from dashboard.audit.models import AuditEntry
 from dashboard.restarts import pagecache
-from dashboard.restarts.models import AuditEntry
-from dashboard.restarts.pagecache import (
-    DropFailed,
-    DropRefused,
-    drop_command,
-    drop_page_cache,
-    last_successful_drop,
-)
+from dashboard.restarts.pagecache import DropRefused, drop_page_cache, last_successful_drop
 from tests.conftest import PROJECT
 from tests.restarts.plan_factories import make_engine
 from tests.restarts.runbook_helpers import fill_page_cache

@@ -11,7 +11,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from collectors.models import Node
-from dashboard.restarts.models import AuditEntry, Restart, RestartStep, RestartWindow
+from dashboard.audit.models import AuditEntry
+from dashboard.restarts.models import Restart, RestartStep, RestartWindow
 from dashboard.restarts.planning import plan_restart
 from dashboard.restarts.views import restart_progress
 from tests.restarts.plan_factories import make_engine, make_window, measured_start
@@ -86,7 +87,7 @@ def test_a_viewer_posting_a_plan_gets_403_and_an_audit_row(viewer_client, node, 
     assert response.status_code == 403
     (entry,) = refused("plan-restart")
     assert (entry.actor, entry.node, entry.engine) == ("viewer", node, gemma)
-    assert "lacks the permission to plan and run engine restarts (dashboard.run_restarts)" in \
+    assert "lacks the permission to plan and run engine restarts (restarts.run_restarts)" in \
         entry.outcome
     assert not Restart.objects.exists()
 
@@ -380,7 +381,7 @@ def test_the_restart_permission_alone_does_not_change_windows(django_user_model,
 
     assert form.status_code == created.status_code == 403
     assert "restarter lacks the permission to create and edit restart windows " \
-        "(dashboard.change_windows)" in created.content.decode()
+        "(restarts.change_windows)" in created.content.decode()
     (entry,) = refused("create-window")
     assert (entry.actor, entry.address) == ("restarter", "203.0.113.9")
     assert not RestartWindow.objects.exists()

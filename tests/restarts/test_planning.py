@@ -10,7 +10,8 @@ import pytest
 from django.contrib.auth.models import Permission
 from kombu.exceptions import OperationalError
 
-from dashboard.restarts.models import AuditEntry, Restart
+from dashboard.audit.models import AuditEntry
+from dashboard.restarts.models import Restart
 from dashboard.restarts.planning import (
     DEFAULT_SOURCE,
     NOT_MANAGED,

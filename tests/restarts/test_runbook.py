@@ -11,21 +11,25 @@ from django.db import IntegrityError
 
 from collectors.ledger import EngineShare
 from collectors.models import Engine, Event
-from dashboard.restarts import runbook, tasks
-from dashboard.restarts.models import AuditEntry, Restart
-from dashboard.restarts.runbook import (
-    Fit,
+from collectors.sampling import Clock
+from dashboard.audit.models import AuditEntry
+from dashboard.restarts import dispatch, tasks
+from dashboard.restarts.dispatch import (
     claim_restart,
+    interrupt_stale_restarts,
+    restarts_to_dispatch,
+    stale_reason,
+)
+from dashboard.restarts.fit import (
+    Fit,
     engine_holds,
     engine_need,
-    interrupt_stale_restarts,
     precheck_fit,
     recheck_fit,
-    restarts_to_dispatch,
-    run_restart,
-    stale_reason,
     startup_deadline_seconds,
 )
+from dashboard.restarts.models import Restart
+from dashboard.restarts.runbook import run_restart
 from tests.restarts.plan_factories import make_engine, make_window
 
 GIB = 1024**3
@@ -125,7 +129,7 @@ def test_recheck_compares_memfree_with_the_need():
 
 def test_small_figures_are_shown_in_mib():
     assert Fit(need=96 * 1024**2, room=20 * GIB, margin=0).describe("free") == \
-        "needs 96 MiB (+ 0 MiB margin), 20.0 GiB free"
+        "needs 96 MiB (+ 0 KiB margin), 20.0 GiB free"
 
 
 def test_startup_deadline_is_expected_times_factor_but_at_least_the_minimum(settings):
@@ -165,7 +169,7 @@ def test_a_claim_that_loses_the_race_at_the_index_is_not_a_claim(node):
     # On PostgreSQL the second of two simultaneous claims passes the NOT EXISTS and is stopped
     # by the unique index instead.
     restart = plan(make_engine(node, "a"))
-    with mock.patch.object(runbook, "_conditional_claim",
+    with mock.patch.object(dispatch, "_conditional_claim",
                            side_effect=IntegrityError("restart_one_running_per_node")):
         assert claim_restart(restart, now=T0, worker="w") is False
     restart.refresh_from_db()
@@ -218,7 +222,7 @@ def test_a_restart_that_would_overrun_its_window_is_stale(node):
 def test_run_restart_cancels_a_stale_restart_and_audits_it(node, settings):
     settings.SPARKOPS_RESTART_START_GRACE_SECONDS = 300
     restart = plan(make_engine(node, "a"), at=T0 - timedelta(hours=2))
-    clock = runbook.Clock(wall=lambda: T0)
+    clock = Clock(wall=lambda: T0)
 
     result = run_restart(restart.pk, api=None, clock=clock)
 
@@ -235,7 +239,7 @@ def test_run_restart_cancels_a_stale_restart_and_audits_it(node, settings):
 def test_an_unmanaged_engine_is_refused_and_audited(node):
     restart = plan(make_engine(node, "a", managed=False))
 
-    result = run_restart(restart.pk, api=None, clock=runbook.Clock(wall=lambda: T0))
+    result = run_restart(restart.pk, api=None, clock=Clock(wall=lambda: T0))
 
     assert result.status == Restart.Status.REFUSED and result.steps.count() == 0
     entry = AuditEntry.objects.get(action="run-restart", restart=restart)
@@ -244,10 +248,10 @@ def test_an_unmanaged_engine_is_refused_and_audited(node):
 
 def test_a_restart_not_due_or_not_scheduled_is_left_alone(node):
     early = plan(make_engine(node, "a"), at=T0 + timedelta(minutes=5))
-    assert run_restart(early.pk, api=None, clock=runbook.Clock(wall=lambda: T0)).status == \
+    assert run_restart(early.pk, api=None, clock=Clock(wall=lambda: T0)).status == \
         Restart.Status.SCHEDULED
     Restart.objects.filter(pk=early.pk).update(status=Restart.Status.SUCCEEDED)
-    assert run_restart(early.pk, api=None, clock=runbook.Clock(
+    assert run_restart(early.pk, api=None, clock=Clock(
         wall=lambda: T0 + timedelta(hours=1))).status == Restart.Status.SUCCEEDED
     assert not AuditEntry.objects.exists()
 
@@ -256,7 +260,7 @@ def test_without_a_container_engine_the_restart_is_aborted_untouched(node):
     restart = plan(make_engine(node, "a"))
 
     result = run_restart(restart.pk, api=None, api_error="no socket",
-                         clock=runbook.Clock(wall=lambda: T0))
+                         clock=Clock(wall=lambda: T0))
 
     assert result.status == Restart.Status.ABORTED
     assert "Container engine unreachable (no socket)" in result.outcome
@@ -293,7 +297,7 @@ def test_dispatch_hands_each_nodes_oldest_due_restart_once(node, settings):
     older.refresh_from_db()
     assert older.phase == "queued" and older.heartbeat_at == T0
     assert restarts_to_dispatch(T0 + timedelta(seconds=5)) == []  # handed already
-    again = restarts_to_dispatch(T0 + timedelta(seconds=runbook.REDISPATCH_SECONDS + 1))
+    again = restarts_to_dispatch(T0 + timedelta(seconds=dispatch.REDISPATCH_SECONDS + 1))
     assert {r.pk for r in again} == {older.pk, remote.pk}
     assert newer.pk not in {r.pk for r in again}
 
@@ -322,7 +326,7 @@ def test_the_dispatch_task_sends_to_the_nodes_queue_with_an_expiry(node, monkeyp
     assert tasks.dispatch_due_restarts() == 1
 
     assert sent == [{"args": (restart.pk,), "queue": "node.spark-a",
-                     "expires": runbook.REDISPATCH_SECONDS}]
+                     "expires": dispatch.REDISPATCH_SECONDS}]
 
 
 # --- recovery ------------------------------------------------------------------------------------
@@ -366,7 +370,7 @@ def test_recovery_never_overwrites_a_heartbeat_written_meanwhile(node, settings)
             real_filter(pk=restart.pk).update(heartbeat_at=T0 + timedelta(seconds=200))
         return real_filter(*args, **kwargs)
 
-    with mock.patch.object(runbook.Restart.objects, "filter", side_effect=heartbeat_sneaks_in):
+    with mock.patch.object(Restart.objects, "filter", side_effect=heartbeat_sneaks_in):
         marked = interrupt_stale_restarts(T0 + timedelta(seconds=200), local_node="x", api=None)
 
     assert marked == []

@@ -22,10 +22,12 @@ from django.utils import timezone
 from collectors import docker_api
 from collectors.models import Event
 from collectors.vllm.logs import parse_startup_log
-from dashboard.restarts.models import AuditEntry, Restart
+from dashboard.audit.models import AuditEntry
+from dashboard.restarts.dispatch import restarts_to_dispatch
+from dashboard.restarts.models import Restart
 from dashboard.restarts.pagecache import DropRefused, drop_page_cache
 from dashboard.restarts.planning import learned_startup_seconds
-from dashboard.restarts.runbook import STEPS, restarts_to_dispatch, run_restart
+from dashboard.restarts.runbook import STEPS, run_restart
 from tests.conftest import FIXTURES, PROJECT, subprocess_env
 from tests.containers import podman
 from tests.restarts.runbook_helpers import (

@@ -1,4 +1,5 @@
-"""A raw-socket HTTP server on 127.0.0.1 that misbehaves on purpose (RELIABILITY.md recipe H1).
+"""A raw-socket HTTP server on 127.0.0.1 that misbehaves on purpose: a slow, truncated, oversized
+or silent engine, served over a real loopback socket.
 
 Each mode is a function that writes the bytes of a response, right or wrong, to the accepted
 socket; the server reads the request head first and records it. Raw sockets rather than
@@ -100,11 +101,6 @@ def _read_request(conn: socket.socket) -> bytes:
                 body += conn.recv(4096)
     return head + b"\r\n\r\n" + body
 
-
-def free_port() -> int:
-    """A loopback port that was just bound and closed, so connecting to it is refused."""
-    with socket.create_server(("127.0.0.1", 0)) as probe:
-        return probe.getsockname()[1]
 
 
 # --- responders -------------------------------------------------------------------------------

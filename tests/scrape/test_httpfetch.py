@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from collectors.httpfetch import FetchError, fetch
+from sparkops.httpfetch import FetchError, fetch
 from tests.scrape import faultserver
 from tests.scrape.faultserver import FaultServer
 

@@ -69,7 +69,8 @@ def test_v033_histograms_are_cumulative_and_itl_is_not_the_per_request_tpot() ->
     assert (ttft[0.04], ttft[0.25], ttft[0.5], ttft[0.75], ttft[2.5], ttft[5.0]) == (
         5, 5, 45, 75, 95, 100)
     assert snap.ttft.buckets[-1] == (math.inf, 100)
-    assert len(snap.ttft.buckets) == 23  # 22 default TTFT bounds (ENGINES.md §1.2) plus +Inf
+    # 22 default TTFT bounds (vllm/v1/metrics/buckets.py) plus +Inf
+    assert len(snap.ttft.buckets) == 23
     assert snap.ttft.count == 100
     assert snap.ttft.sum == pytest.approx(82.4)
     # request_time_per_output_token_seconds in the same text has 150 observations.
@@ -103,7 +104,7 @@ def test_dp2_multiprocess_gives_one_snapshot_per_engine_with_its_own_cache_confi
     assert (first.kv_cache_usage, second.kv_cache_usage) == (0.21875, 0.3125)
     assert first.kv_cache_size_tokens == second.kv_cache_size_tokens == 1114112
     assert first.kv_cache_memory_bytes is None  # the label is "None": not pinned
-    # Multiprocess mode has neither process_* nor _created series (ENGINES.md §1.1).
+    # Multiprocess mode (prometheus_client's) has neither process_* nor _created series.
     assert first.process_start_time_seconds is None
     assert first.created == {}
     assert parse_metrics_text(fixture_text("vllm_0_33_dp2_multiprocess.txt")) == first
@@ -189,7 +190,7 @@ def test_several_models_behind_one_endpoint() -> None:
     first, second = parse_engines(text)
     assert (first.model_name, first.requests_running) == ("a", 1)
     assert (second.model_name, second.requests_running) == ("b", 2)
-    # cache_config_info has no model_name (§1.3): which config is whose cannot be known.
+    # cache_config_info has no model_name label: which config is whose cannot be known.
     assert first.kv_cache_size_tokens is None and second.num_gpu_blocks is None
 
 

@@ -1,4 +1,6 @@
-"""scrape() against a real loopback server that fails in every way RELIABILITY.md lists (H1)."""
+"""scrape() against a real loopback server that fails in every way an engine's endpoint can:
+truncated or oversized bodies, bodies that are not (vLLM's) Prometheus text, trickling or silent
+servers, hang-ups, HTTP errors, redirects, refused connections and URLs that are not HTTP."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from collectors.vllm.scrape import ScrapeError, scrape, scrape_engines
+from sparkops.testing.ports import free_port
 from tests.scrape import faultserver
 from tests.scrape.faultserver import FaultServer
 
@@ -160,7 +163,7 @@ def test_redirect_is_not_followed() -> None:
 
 
 def test_connection_refused() -> None:
-    port = faultserver.free_port()
+    port = free_port()
     with pytest.raises(ScrapeError) as caught:
         scrape(f"http://127.0.0.1:{port}/metrics")
     assert str(caught.value) == f"connection refused (127.0.0.1:{port})"

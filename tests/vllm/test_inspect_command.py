@@ -256,6 +256,7 @@ def test_metrics_endpoint_refusing_connections_is_one_line() -> None:
 # --- as a real process ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_subprocess_log_from_stdin_json(tmp_path: Path) -> None:
     text = (LOGS / "compose_v027_moe_flashinfer.log").read_text(encoding="utf-8")
     result = run_manage(tmp_path, "log", "-", "--json", stdin=text)
@@ -264,12 +265,14 @@ def test_subprocess_log_from_stdin_json(tmp_path: Path) -> None:
     assert (data["phase"], data["version"], data["cuda_graph_gib"]) == ("ready", "0.27.1", -0.45)
 
 
+@pytest.mark.slow
 def test_subprocess_flags_json(tmp_path: Path) -> None:
     result = run_manage(tmp_path, "flags", "vllm serve m --max-num-partial-prefills 2", "--json")
     assert result.returncode == 0, result.stderr
     assert [f["code"] for f in json.loads(result.stdout)["findings"]] == ["removed-flag"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "stdin", "reason"),
     [

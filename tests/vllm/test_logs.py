@@ -1,4 +1,5 @@
-"""Startup-log parsing across every vLLM log format in ENGINES.md §2."""
+"""Startup-log parsing across every vLLM log format since early 2025: process prefixes, bracketed
+or bare sources, GiB formats, one- and two-line KV capacity, V0 lines and startup failures."""
 
 from __future__ import annotations
 

@@ -25,6 +25,7 @@ from collectors.redaction import mask_command, mask_text
 from collectors.vllm.findings import Finding, check_config
 from collectors.vllm.flags import EngineConfig, FlagError, parse_command_line
 from collectors.vllm.logs import StartupLog, parse_startup_log
+from sparkops.units import fixed_gib_text
 
 _STDIN = "-"
 
@@ -184,7 +185,7 @@ def _flags_lines(config: EngineConfig, findings: list[Finding]) -> list[str]:
     kv_bytes = config.kv_cache_memory_bytes
     kv_size = _setting(kv_bytes, "bytes")
     if kv_bytes is not None:
-        kv_size += f" ({kv_bytes / 2**30:.2f} GiB, pinned)"
+        kv_size += f" ({fixed_gib_text(kv_bytes)}, pinned)"
     max_len = _setting(config.max_model_len, "tokens")
     if config.max_model_len_auto:
         max_len = "auto (the largest that fits)"
@@ -260,7 +261,7 @@ def _metric_text(key: str, value: object) -> str:
     if key == "kv_cache_usage" and isinstance(value, float):
         return f"{value * 100:.1f} % of KV blocks in use"
     if key.endswith("_bytes") and isinstance(value, int):
-        return f"{value:,} bytes ({value / 2**30:.2f} GiB)"
+        return f"{value:,} bytes ({fixed_gib_text(value)})"
     if key == "process_start_time_seconds" and isinstance(value, float):
         return datetime.fromtimestamp(value, UTC).isoformat(timespec="seconds")
     if isinstance(value, int) and not isinstance(value, bool):

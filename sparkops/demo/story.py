@@ -1,9 +1,4 @@
-"""``bin/sparkops demo``: SparkOps with emulated engines replaying the seeds' story, scaled.
-
-The command starts a private Podman Docker-API service, runs the story's two engines (a
-Gemma-like and a Nemotron-like vLLM, see ``collectors.demo``) as real containers, runs the stack
-(web, worker, beat) on the demo's own data directory, and then tells the story on a timer,
-printing each act as it happens:
+"""Demo mode, the story: the seeds' acts told on one node while SparkOps watches.
 
 0. **steady**: both engines serve their traffic; SparkOps learns their memory and speeds.
 1. **squeeze**: the neighbour (nemotron) is recreated with its KV pool 8 → 24 GiB (scaled), so
@@ -13,63 +8,43 @@ printing each act as it happens:
 2. **document**: a 48,508-token document stalls gemma's other requests while it prefills.
 3. **restart**: a planned restart of gemma, now, carried out by the stack's worker.
 
-Ctrl-C stops the stack, removes the containers and stops the Podman service. ``--speed``
-compresses the story's pauses and the engines' emulated start-up; the engines' speeds and the
-alert rules' timings stay real.
+The story sits above both halves of SparkOps: it drives the engines (:mod:`sparkops.demo.node`)
+and reads what the collectors, alerting and restarts made of them, through their models.
 """
 
 from __future__ import annotations
 
-import logging
-import math
-import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from datetime import datetime
-from pathlib import Path
 from typing import Any, Protocol
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from collectors.demo import (
-    DOCUMENT_TOKENS,
-    ENGINES,
-    GEMMA,
-    GIB,
-    INSTALL_HINT,
-    MIB,
-    NEIGHBOUR_GROWN_KV_GIB,
-    NEMOTRON,
-    Containers,
-    DemoError,
-    EngineSpec,
-    PodmanService,
-    Scale,
-    change_fraction_for,
-    choose_scale,
-    complete,
-    engine_command,
-    engine_labels,
-    healthy,
-    missing_programs,
-    story_peak_gib,
-)
-from collectors.meminfo import parse_meminfo
 from collectors.models import Engine, Node
-from collectors.nodes import local_node, local_procfs
 from dashboard.alerting.models import Alert, RuleSetting
 from dashboard.alerting.settings import rule_defaults
 from dashboard.restarts.models import Restart
 from dashboard.restarts.planning import PlanRefused, clock, plan_restart
+from sparkops.demo.node import (
+    DOCUMENT_TOKENS,
+    ENGINES,
+    GEMMA,
+    NEIGHBOUR_GROWN_KV_GIB,
+    NEMOTRON,
+    Containers,
+    EngineSpec,
+    Scale,
+    complete,
+    engine_command,
+    engine_labels,
+    healthy,
+)
+from sparkops.testing.ports import free_port
+from sparkops.units import GIB, MIB
 
 ACTS = ("squeeze", "document", "restart")
 SQUEEZE_RULE = "prefill-squeeze"
@@ -106,36 +81,8 @@ class Pacer(Protocol):
     def pause(self, seconds: float) -> None: ...
 
 
-class StackPacer:
-    """Sleeps while the stack collects; raises :class:`StoryInterrupted` on Ctrl-C or when the
-    stack exited."""
-
-    def __init__(self, stop: threading.Event, stack: subprocess.Popen[bytes] | None) -> None:
-        self.stop, self.stack = stop, stack
-
-    def pause(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while True:
-            if self.stop.is_set():
-                raise StoryInterrupted("stopped (Ctrl-C)")
-            if self.stack is not None and self.stack.poll() is not None:
-                raise StoryInterrupted(f"the stack exited with status {self.stack.returncode}",
-                                       failed=True)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            self.stop.wait(min(0.5, remaining))
-
-
 def _gib(value: float | None) -> str:
     return "unknown" if value is None else f"{value / GIB:.2f} GiB"
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on now (the engines use host networking)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Story:
@@ -465,154 +412,3 @@ def reset_squeeze_calibration() -> None:
         setting.thresholds = {k: v for k, v in setting.thresholds.items()
                               if k not in ("margin_gib", "hysteresis_gib", "lookback_minutes")}
         setting.save(update_fields=["thresholds"])
-
-
-def parse_acts(text: str) -> list[str]:
-    """``"all"`` or a comma-separated subset of :data:`ACTS`."""
-    if text.strip() == "all":
-        return list(ACTS)
-    acts = [a.strip() for a in text.split(",") if a.strip()]
-    unknown = [a for a in acts if a not in ACTS]
-    if unknown:
-        raise CommandError(f"--acts: unknown act {', '.join(unknown)}; choose from "
-                           f"{', '.join(ACTS)} or all")
-    return acts
-
-
-class Command(BaseCommand):
-    help = ("Demo mode: emulated engines in real containers replay a scaled GB10 story while the "
-            "stack runs. Start it with `bin/sparkops demo`.")
-
-    def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--speed", type=float, default=1.0,
-                            help="compress the story's pauses and the engines' start-up by this "
-                                 "factor (default 1: a few minutes per act)")
-        parser.add_argument("--acts", default="all",
-                            help=f"comma-separated acts to play: {', '.join(ACTS)} (default all)")
-        parser.add_argument("--mib-per-gib", type=int, default=None,
-                            help="MiB of real memory per GiB of the story (default: chosen from "
-                                 "MemAvailable, at most a quarter of it and 8 GiB in all)")
-        parser.add_argument("--bind", default=settings.SPARKOPS_BIND,
-                            help="address of the web server (SPARKOPS_BIND)")
-
-    def say(self, text: str) -> None:
-        self.stdout.write(f"[{datetime.now():%H:%M:%S}] {text}")
-        self.stdout.flush()
-
-    def handle(self, *args: Any, **options: Any) -> None:
-        if not settings.SPARKOPS_DEMO:
-            raise CommandError("demo mode runs only with SPARKOPS_DEMO=1 and a data directory of "
-                               "its own; start it with `bin/sparkops demo`")
-        missing = missing_programs()
-        if missing:
-            raise CommandError(
-                "demo mode runs the emulated engines as real containers and finds them through "
-                f"Podman's Docker-compatible API, but {' and '.join(missing)} "
-                f"{'is' if len(missing) == 1 else 'are'} not installed. Install with: "
-                f"{INSTALL_HINT}")
-        speed = options["speed"]
-        if not (math.isfinite(speed) and speed > 0):
-            raise CommandError("--speed must be a positive number")
-        acts = parse_acts(options["acts"])
-        info = parse_meminfo(local_procfs().meminfo())
-        mem_available, mem_total = info.get("MemAvailable"), info.get("MemTotal")
-        if not mem_available or not mem_total:
-            raise CommandError("cannot read MemAvailable and MemTotal from /proc/meminfo")
-        try:
-            scale = choose_scale(mem_available, options["mib_per_gib"])
-        except DemoError as error:
-            raise CommandError(str(error)) from None
-
-        node = local_node()
-        self.say("SparkOps demo — emulated engines replaying a scaled GB10 story; not real data.")
-        self.say(f"Data: {settings.DATA_DIR} (the demo's own; real data is never touched).")
-        self.say(f"Scale: {scale.describe()}. This machine has {mem_available / GIB:.1f} GiB "
-                 f"available; the story's peak ({story_peak_gib():g} GiB on a GB10) takes "
-                 f"{scale.peak_bytes / GIB:.2f} GiB here.")
-        self.say(f"Speed ×{speed:g}: the story's pauses and the engines' start-up are compressed;"
-                 " engine speeds and alert timings are real. Acts: steady, "
-                 f"{', '.join(a for a in ACTS if a in acts) or '(none)'}.")
-        fraction = change_fraction_for(scale, mem_total)
-        if fraction is not None:
-            # The stack inherits the environment: its ledger records the scaled growth as a
-            # change an alert can name as its cause.
-            os.environ["SPARKOPS_LEDGER_CHANGE_FRACTION"] = f"{fraction:.6f}"
-            self.say(f"Ledger change threshold lowered to {fraction:.4%} of MemTotal so that the "
-                     "neighbour's scaled growth is recorded as a cause.")
-        reset_squeeze_calibration()
-
-        # Planning a restart publishes to the file-system broker, which has no host name; kombu
-        # warns about that on every publish, which would interrupt the story's output.
-        logging.getLogger("kombu.connection").setLevel(logging.ERROR)
-        stop = threading.Event()
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        service = PodmanService(settings.DATA_DIR)
-        stack: subprocess.Popen[bytes] | None = None
-        log_path = settings.DATA_DIR / "demo-stack.log"
-        failed = False
-        try:
-            url = service.start()
-            os.environ["SPARKOPS_DOCKER_HOST"] = url
-            self.say(f"Podman's Docker API: {url} (SPARKOPS_DOCKER_HOST for the stack).")
-            stack = self.start_stack(options["bind"], log_path)
-            self.say(f"SparkOps is starting on http://{options['bind']}/ — {self.login_hint()} "
-                     f"Stack log: {log_path}. Ctrl-C stops the demo.")
-            story = Story(node=node, containers=service.containers, scale=scale, speed=speed,
-                          pace=StackPacer(stop, stack), say=self.say)
-            story.tell(acts)
-            self.say("The story is told. SparkOps keeps watching the two engines; Ctrl-C stops "
-                     "the demo.")
-            while True:
-                story.pace.pause(3600)
-        except StoryInterrupted as interrupted:
-            failed = interrupted.failed
-            self.say(f"Stopping: {interrupted}.")
-        except DemoError as error:
-            failed = True
-            self.stderr.write(f"demo: {error}")
-        finally:
-            self.say("Stopping the stack, removing the demo containers and the Podman service…")
-            self.stop_stack(stack)
-            try:
-                service.stop()
-            except DemoError as error:
-                failed = True
-                self.stderr.write(f"demo: {error}")
-            self.say("Demo stopped; its data stays in the data directory for the next run.")
-        if failed:
-            if log_path.exists():
-                tail = log_path.read_text(errors="replace").splitlines()[-20:]
-                self.stderr.write("Last lines of the stack log:\n" + "\n".join(tail))
-            sys.exit(1)
-
-    @staticmethod
-    def login_hint() -> str:
-        user = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
-        name = user.get_username() if user else os.environ.get("SPARKOPS_ADMIN_USER", "admin")
-        path = Path(settings.DATA_DIR) / "admin-password"
-        where = f"its password is in {path}" if path.exists() \
-            else "its password is SPARKOPS_ADMIN_PASSWORD"
-        return f"log in as {name!r}; {where}."
-
-    @staticmethod
-    def start_stack(bind: str, log_path: Path) -> subprocess.Popen[bytes]:
-        """``manage.py runstack`` in its own session (Ctrl-C reaches the demo, which stops it in
-        order), its output in the data directory so the story stays readable."""
-        with log_path.open("ab") as log:
-            return subprocess.Popen(
-                [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "runstack",
-                 "--bind", bind],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-
-    @staticmethod
-    def stop_stack(stack: subprocess.Popen[bytes] | None) -> None:
-        if stack is None or stack.poll() is not None:
-            return
-        stack.terminate()  # runstack stops gunicorn, the worker and beat itself
-        try:
-            stack.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(stack.pid, signal.SIGKILL)
-            stack.wait(timeout=10)

@@ -20,8 +20,8 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from dashboard.clientaddress import client_address
-from dashboard.restarts.models import AuditEntry
+from dashboard.audit.clientaddress import client_address
+from dashboard.audit.models import AuditEntry
 
 __all__ = ["AuditFilter", "audit", "audit_request", "filtered_entries", "from_request",
            "outcome_of"]

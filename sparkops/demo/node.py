@@ -1,6 +1,6 @@
 """Demo mode, the node side: the story's two engines, scaled to this machine, in real containers.
 
-``bin/sparkops demo`` (``collectors/management/commands/demo.py``) tells the seeds' story on a
+``bin/sparkops demo`` (``sparkops/management/commands/demo.py``) tells the seeds' story on a
 machine without a GB10. This module holds what does not depend on the dashboard:
 
 * the two engines of the story (:data:`GEMMA`, :data:`NEMOTRON`) with their GB10 sizes in GiB and
@@ -36,10 +36,8 @@ from pathlib import Path
 from django.conf import settings
 
 from collectors.podman import LeftoverError, PodmanError, PrivatePodman
+from sparkops.units import GIB, KIB, MIB
 
-GIB = 1024**3
-MIB = 1024**2
-KIB = 1024
 VLLM = Path(settings.BASE_DIR) / "collectors" / "emulator" / "bin" / "vllm"
 DEMO_LABEL = "sparkops.demo"
 INSTALL_HINT = "sudo apt-get install -y podman runc"

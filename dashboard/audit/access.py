@@ -3,14 +3,16 @@
 Everyone signed in may read every page. Changing something needs its own permission, named here
 once (superusers hold them all; "staff" alone grants none):
 
-- ``dashboard.change_channels``: create, edit, enable and disable notification channels;
-- ``dashboard.change_rules``: change a rule's settings (thresholds, timings, enabled);
-- ``dashboard.change_silences``: create and expire silences;
-- ``dashboard.change_windows``: create and edit restart windows;
-- ``dashboard.view_audit``: read the audit log;
-- ``dashboard.unlock_logins``: see login lockouts and lift them.
+- ``notify.change_channels``: create, edit, enable and disable notification channels;
+- ``alerting.change_rules``: change a rule's settings (thresholds, timings, enabled);
+- ``alerting.change_silences``: create and expire silences;
+- ``restarts.change_windows``: create and edit restart windows;
+- ``audit.view_audit``: read the audit log;
+- ``audit.unlock_logins``: see login lockouts and lift them.
 
-(``dashboard.run_restarts`` for planning and cancelling restarts lives with the planning code.)
+(``restarts.run_restarts`` for planning and cancelling restarts lives with the planning code.)
+Each permission belongs to the app whose model declares it; an upgrade from the single
+``dashboard`` app moved the rows and every grant with them.
 
 A change asked for without the permission answers 403 with the missing permission in words and
 writes an audit row "refused" (who, from where, what was asked); merely opening a form (GET) is
@@ -28,7 +30,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 
-from dashboard.restarts.audit import audit_request, from_request
+from dashboard.audit.records import audit_request, from_request
 
 __all__ = [
     "CHANGE_CHANNELS",
@@ -57,18 +59,18 @@ class Permission:
 
     def missing(self, user: Any) -> str:
         """The refusal, e.g. "viewer lacks the permission to create and expire silences
-        (dashboard.change_silences)"."""
+        (alerting.change_silences)"."""
         who = user.get_username() if getattr(user, "is_authenticated", False) else "anonymous"
         return f"{who} lacks the permission to {self.does} ({self.name})"
 
 
-CHANGE_CHANNELS = Permission("dashboard.change_channels",
+CHANGE_CHANNELS = Permission("notify.change_channels",
                              "create, edit, enable and disable notification channels")
-CHANGE_RULES = Permission("dashboard.change_rules", "change alert rule settings")
-CHANGE_SILENCES = Permission("dashboard.change_silences", "create and expire silences")
-CHANGE_WINDOWS = Permission("dashboard.change_windows", "create and edit restart windows")
-VIEW_AUDIT = Permission("dashboard.view_audit", "read the audit log")
-UNLOCK_LOGINS = Permission("dashboard.unlock_logins", "see login lockouts and lift them")
+CHANGE_RULES = Permission("alerting.change_rules", "change alert rule settings")
+CHANGE_SILENCES = Permission("alerting.change_silences", "create and expire silences")
+CHANGE_WINDOWS = Permission("restarts.change_windows", "create and edit restart windows")
+VIEW_AUDIT = Permission("audit.view_audit", "read the audit log")
+UNLOCK_LOGINS = Permission("audit.unlock_logins", "see login lockouts and lift them")
 
 
 def refuse(request: HttpRequest, permission: Permission, action: str, *,
@@ -85,7 +87,7 @@ def guarded(permission: Permission, action: str) -> Callable[[View], View]:
 
     Without it, a POST is refused and audited as ``action`` (with the URL's arguments in the
     details); any other method is refused without an audit row. With it, the view runs inside
-    :func:`dashboard.restarts.audit.from_request`, so its audit rows carry the client address.
+    :func:`dashboard.audit.records.from_request`, so its audit rows carry the client address.
     """
 
     def decorate(view: View) -> View:

@@ -1,8 +1,8 @@
 """The audit log and the login lockouts: pages for the people who answer for the node.
 
-The audit page (``dashboard.view_audit``) lists every dangerous or configuration action, allowed,
+The audit page (``audit.view_audit``) lists every dangerous or configuration action, allowed,
 refused or failed, filterable by action, user, outcome, node and date range. The logins page
-(``dashboard.unlock_logins``) lists the accounts and addresses locked now and the latest failed
+(``audit.unlock_logins``) lists the accounts and addresses locked now and the latest failed
 logins, and lifts a lock (POST + CSRF, audited).
 """
 
@@ -21,10 +21,10 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from collectors.models import Node
-from dashboard import logins
-from dashboard.access import UNLOCK_LOGINS, VIEW_AUDIT, guarded
-from dashboard.restarts.audit import OUTCOMES, AuditFilter, audit, filtered_entries, outcome_of
-from dashboard.restarts.models import AuditEntry
+from dashboard.audit import logins
+from dashboard.audit.access import UNLOCK_LOGINS, VIEW_AUDIT, guarded
+from dashboard.audit.models import AuditEntry
+from dashboard.audit.records import OUTCOMES, AuditFilter, audit, filtered_entries, outcome_of
 
 AUDIT_PAGE_SIZE = 50
 RECENT_FAILURES = 100

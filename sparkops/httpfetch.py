@@ -1,4 +1,5 @@
-"""The one module through which SparkOps makes outbound HTTP requests.
+"""The one module through which SparkOps makes outbound HTTP requests, on either side: engine
+scrapes and health checks on a node, webhooks from the centre.
 
 Every request has a *total* deadline, a byte cap and an exact body length check; anything
 unexpected raises :class:`FetchError` with a one-line ``reason`` and a machine-readable ``kind``.
@@ -6,8 +7,8 @@ A caller therefore gets either the whole, verified body or an error, never a par
 
 Why ``http.client`` and not ``requests``: ``requests`` (through urllib3) applies its timeout to
 each socket operation, so a server that trickles a byte before every timeout holds a request
-for as long as it likes (RELIABILITY.md finding 6), and a single ``iter_content`` step blocks
-until a whole chunk has arrived. Enforcing a total deadline there means reaching into urllib3's
+for as long as it likes, and a single ``iter_content`` step blocks until a whole chunk has
+arrived. Enforcing a total deadline there means reaching into urllib3's
 private socket objects. With ``http.client`` we own the socket: every ``recv`` is given the time
 that is left, so status line, headers and body together cannot outlive the deadline. It also
 brings no proxy settings from the environment, follows no redirects and decodes no content, so
@@ -36,7 +37,9 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FetchError", "FetchResult", "IPAddress", "fetch"]
+from sparkops.units import exact_size_text
+
+__all__ = ["FetchError", "FetchResult", "IPAddress", "fetch", "resolve"]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -280,19 +283,21 @@ def _open_socket(
     return sock
 
 
-def _resolve(target: _Target, clock: _Deadline) -> list[tuple[int, Any]]:
-    """Resolve on a helper thread so that a hanging resolver cannot outlive the deadline.
+def resolve(host: str, port: int | None, timeout: float) -> list[tuple[int, Any]]:
+    """The (family, sockaddr) pairs ``socket.getaddrinfo`` gives for ``host`` (TCP), in the
+    resolver's order, waiting at most ``timeout`` seconds.
 
-    IP literals skip the thread. A lookup still running at the deadline is abandoned; its thread
-    ends when the resolver gives up.
+    The lookup runs on a daemon thread so that a hanging resolver cannot hold the caller past
+    its deadline; IP literals skip the thread. A lookup still running at the deadline is
+    abandoned (its thread ends when the resolver gives up) and TimeoutError is raised; a failed
+    lookup raises its OSError (``socket.gaierror``).
     """
-    flags = socket.AI_NUMERICHOST if _is_ip_literal(target.host) else 0
+    flags = socket.AI_NUMERICHOST if _is_ip_literal(host) else 0
     outcome: list[Any] = []
 
     def lookup() -> None:
         try:
-            outcome.append(socket.getaddrinfo(target.host, target.port,
-                                              type=socket.SOCK_STREAM, flags=flags))
+            outcome.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=flags))
         except OSError as error:
             outcome.append(error)
 
@@ -301,13 +306,23 @@ def _resolve(target: _Target, clock: _Deadline) -> list[tuple[int, Any]]:
     else:
         worker = threading.Thread(target=lookup, name="httpfetch-resolve", daemon=True)
         worker.start()
-        worker.join(max(clock.remaining(), 0.0))
+        worker.join(max(timeout, 0.0))
     if not outcome:
-        raise clock.expired_error(f"while resolving {target.host}")
+        raise TimeoutError(f"resolving {host} took longer than {timeout:g} s")
     if isinstance(outcome[0], OSError):
-        raise FetchError(f"cannot resolve {target.host}: {_one_line(str(outcome[0]))}",
-                         kind="dns")
+        raise outcome[0]
     return [(family, sockaddr) for family, _type, _proto, _name, sockaddr in outcome[0]]
+
+
+def _resolve(target: _Target, clock: _Deadline) -> list[tuple[int, Any]]:
+    """:func:`resolve` within what is left of the call's deadline, failures as FetchError."""
+    try:
+        return resolve(target.host, target.port, clock.remaining())
+    except TimeoutError:
+        raise clock.expired_error(f"while resolving {target.host}") from None
+    except OSError as error:
+        raise FetchError(f"cannot resolve {target.host}: {_one_line(str(error))}",
+                         kind="dns") from None
 
 
 def _is_ip_literal(host: str) -> bool:
@@ -440,7 +455,7 @@ def _read_body(response: http.client.HTTPResponse, clock: _Deadline, max_bytes: 
     declared = response.length
     if declared is not None and declared > max_bytes:
         raise FetchError(
-            f"response larger than {_size(max_bytes)} (Content-Length: {declared})",
+            f"response larger than {exact_size_text(max_bytes)} (Content-Length: {declared})",
             kind="too_large")
     pieces: list[bytes] = []
     received = 0
@@ -448,7 +463,8 @@ def _read_body(response: http.client.HTTPResponse, clock: _Deadline, max_bytes: 
         while piece := response.read1(min(_READ_SIZE, max_bytes + 1 - received)):
             received += len(piece)
             if received > max_bytes:
-                raise FetchError(f"response larger than {_size(max_bytes)}", kind="too_large")
+                raise FetchError(f"response larger than {exact_size_text(max_bytes)}",
+                                 kind="too_large")
             pieces.append(piece)
     except TimeoutError:
         raise clock.expired_error(f"while reading the body ({received} bytes received)") from None
@@ -482,10 +498,3 @@ def _one_line(text: str, limit: int = _REASON_LIMIT) -> str:
 
 def _seconds(value: float) -> str:
     return repr(round(float(value), 3))
-
-
-def _size(count: int) -> str:
-    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if count >= factor and count % factor == 0:
-            return f"{count // factor} {unit}"
-    return f"{count} bytes"

@@ -4,7 +4,7 @@ Axes counts failed logins per account and per client address (``AXES_LOCKOUT_PAR
 keeps every failure as an ``AccessFailureLog`` row, and refuses a locked-out account or address
 before any password is checked (so the right password does not help while locked). A lock lifts
 by itself ``AXES_COOLOFF_TIME`` after the latest failure; every try while locked counts as one.
-The client address is ``dashboard.clientaddress.client_address``.
+The client address is ``dashboard.audit.clientaddress.client_address``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,83 @@
+"""What every alert rule is made of: its documentation, its tunable numbers, its evaluation.
+
+A rule is a plain function over stored state (the node's ledger written after each collection,
+engine rows and samples, ledger changes) that returns one
+:class:`~dashboard.alerting.conditions.Condition` per scope it watches; the lifecycle decides
+what fires. The defaults declared here are what the rule settings page shows and what admins
+override (``dashboard.alerting.settings`` merges the two).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from collectors.models import Engine, Node
+from dashboard.alerting.conditions import Condition
+
+# Alertmanager's default repeat_interval: a still-firing alert is notified again every 4 h.
+DEFAULT_REPEAT_SECONDS = 4 * 3600
+
+Evaluate = Callable[[Node, dict, list[Engine], dict[str, Any], datetime], list[Condition]]
+"""``evaluate(node, ledger, engines, thresholds, now)``: the rule's conditions for ``node``.
+
+``ledger`` is ``node.ledger`` (an empty dict when none was written), ``engines`` the node's
+present engines, ``thresholds`` the values in force keyed by :attr:`ThresholdSpec.key`.
+"""
+
+
+@dataclass(frozen=True)
+class ThresholdSpec:
+    """One tunable number of a rule: its key in ``thresholds``, default, unit and valid range."""
+
+    key: str
+    label: str
+    default: float
+    unit: str
+    help: str
+    minimum: float = 0.0
+    maximum: float = 1_000_000.0
+
+    @property
+    def default_text(self) -> str:
+        return f"{self.default:g}"
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` is not acceptable for this threshold, or None when it is."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"{self.label} must be a number."
+        if not math.isfinite(value):
+            return f"{self.label} must be a finite number."
+        if value < self.minimum:
+            return f"{self.label} must be at least {self.minimum:g} {self.unit}."
+        if value > self.maximum:
+            return f"{self.label} must be at most {self.maximum:g} {self.unit}."
+        return None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """An alert rule: what it watches, the defaults an admin may override, and its evaluation.
+
+    ``for_seconds`` is how long its condition must stay active before a pending alert fires
+    (Prometheus' ``for``); ``repeat_seconds`` how often a still-firing alert is notified again
+    (Alertmanager's ``repeat_interval``).
+    """
+
+    name: str
+    title: str
+    description: str
+    for_seconds: int
+    evaluate: Evaluate
+    repeat_seconds: int = DEFAULT_REPEAT_SECONDS
+    thresholds: tuple[ThresholdSpec, ...] = ()
+
+    def threshold_spec(self, key: str) -> ThresholdSpec:
+        """The spec of threshold ``key``; KeyError when the rule has none by that name."""
+        for spec in self.thresholds:
+            if spec.key == key:
+                return spec
+        raise KeyError(f"rule {self.name!r} has no threshold {key!r}")

@@ -1,0 +1,67 @@
+"""Engine down: an engine's container is not running, its startup failed, or it stopped
+answering ``/metrics`` (not while it is still starting)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from collectors.models import Engine, Node
+from dashboard.alerting.conditions import Condition
+from dashboard.alerting.rules.base import Rule
+from dashboard.restarts.models import Restart
+
+# Startup phases in which an engine does not serve /metrics yet: a scrape error then is normal.
+STARTING_PHASES = {"starting", "loading", "profiling", "kv_allocated"}
+
+
+def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
+             now: datetime) -> list[Condition]:
+    """An engine that stopped, failed, or stopped answering /metrics (not while starting).
+
+    During a planned restart the engine is down on purpose: held until the restart's deadline,
+    after which a still-down engine alerts as usual.
+    """
+    in_restart = _planned_restarts_in_progress(node, now)
+    conditions = []
+    for engine in engines:
+        reason = "" if engine.pk in in_restart else _down_reason(engine)
+        conditions.append(Condition(
+            rule=RULE.name, node_id=node.pk, engine_id=engine.pk,
+            value=1.0 if reason else 0.0, threshold=0.5, clear=0.5, direction="above",
+            severity="critical",
+            summary=f"{engine.name} is down: {reason}" if reason else f"{engine.name} is up",
+            details={"engine": engine.name, "reason": reason, "phase": engine.phase,
+                     "container_state": engine.container_state},
+        ))
+    return conditions
+
+
+def _planned_restarts_in_progress(node: Node, now: datetime) -> set[int]:
+    """Engines of ``node`` in a planned restart that has not passed its deadline (one query)."""
+    running = Restart.objects.filter(node=node, kind="planned", status="running")
+    return {r.engine_id for r in running if r.deadline is None or r.deadline > now}
+
+
+def _down_reason(engine: Engine) -> str:
+    """Why ``engine`` is down, for people; empty when it is up."""
+    if engine.container_state != "running":
+        return f"container {engine.container_state} (exit code {engine.exit_code})"
+    if engine.phase == "failed":
+        errors = (engine.startup or {}).get("errors") or []
+        return f"startup failed: {errors[0]['message']}" if errors else "startup failed"
+    if engine.last_scrape_error and engine.phase not in STARTING_PHASES:
+        return f"/metrics: {engine.last_scrape_error}"
+    return ""
+
+
+RULE = Rule(
+    name="engine-down",
+    title="Engine down",
+    description=(
+        "An engine's container is not running or its server does not answer. Engines in "
+        "a planned restart are not evaluated by this rule."
+    ),
+    for_seconds=60,
+    evaluate=evaluate,
+)

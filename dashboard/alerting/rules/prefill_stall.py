@@ -1,0 +1,85 @@
+"""Prefill stall: a long prompt's prefill stalls every other stream on the same engine.
+
+vLLM V1 has no concurrent partial prefill, so while a long prompt prefills the other streams'
+decode rate collapses; the rule compares it with the engine's recent rate.
+"""
+
+from __future__ import annotations
+
+import statistics
+from datetime import datetime, timedelta
+from typing import Any
+
+from collectors.models import Engine, EngineMetric, EngineSample, Node
+from dashboard.alerting.conditions import Condition
+from dashboard.alerting.rules.base import Rule, ThresholdSpec
+
+
+def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
+             now: datetime) -> list[Condition]:
+    """Decode throughput collapses while a long prompt prefills on the same engine."""
+    conditions = []
+    for engine in engines:
+        rates = engine.rates or {}
+        if engine.phase != "ready" or rates.get("restarted"):
+            continue
+        baseline = _decode_baseline(engine, now)
+        decode = _recent_decode_peak(engine, now, t["min_duration_seconds"])
+        prefilling = (rates.get("prefill_tokens_per_s") or 0) > 0
+        if baseline is None or decode is None:
+            ratio = None
+        else:
+            # The best decode rate of the last min_duration seconds: a stall is a collapse that
+            # lasted, not one slow scrape.
+            ratio = decode / baseline if prefilling else 1.0
+        fraction = t["decode_collapse_fraction"]
+        conditions.append(Condition(
+            rule=RULE.name, node_id=node.pk, engine_id=engine.pk, value=ratio,
+            threshold=fraction, clear=min(1.0, fraction * 2),
+            direction="below", severity="warning",
+            summary=(f"{engine.name}: decode fell to {decode or 0:.1f} tok/s (usually "
+                     f"{baseline or 0:.1f}) while a prompt prefills; everyone on it stalls"),
+            details={"engine": engine.name, "decode_tps": decode, "baseline_decode_tps": baseline,
+                     "prefill_tps": rates.get("prefill_tokens_per_s")},
+        ))
+    return conditions
+
+
+def _recent_decode_peak(engine: Engine, now: datetime, seconds: float) -> float | None:
+    """The highest decode rate sampled in the last ``seconds`` (one query); None without one."""
+    values = list(EngineSample.objects.filter(
+        engine=engine, metric=EngineMetric.DECODE_TPS, at__gte=now - timedelta(seconds=seconds),
+    ).values_list("value", flat=True))
+    return max(values) if values else None
+
+
+def _decode_baseline(engine: Engine, now: datetime) -> float | None:
+    """The median non-zero decode rate of the last 10 min (one query, at most 500 rows); None
+    with fewer than three samples, too few to call a rate usual."""
+    values = list(EngineSample.objects.filter(
+        engine=engine, metric=EngineMetric.DECODE_TPS, at__gte=now - timedelta(minutes=10),
+        value__gt=0,
+    ).values_list("value", flat=True)[:500])
+    return statistics.median(values) if len(values) >= 3 else None
+
+
+RULE = Rule(
+    name="prefill-stall",
+    title="Prefill stall",
+    description=(
+        "A long prompt's prefill stalls everyone on the same engine: the other streams' "
+        "decode rate collapses below a fraction of its recent rate for a while (vLLM V1 "
+        "has no concurrent partial prefill)."
+    ),
+    for_seconds=0,
+    evaluate=evaluate,
+    thresholds=(
+        ThresholdSpec("decode_collapse_fraction", "Decode collapse", 0.25,
+                      "of recent rate",
+                      "Decode rate below this fraction of its recent rate counts as "
+                      "collapsed.", maximum=1.0),
+        ThresholdSpec("min_duration_seconds", "Minimum duration", 10.0, "s",
+                      "How long the collapse must last to count as a stall.",
+                      maximum=86_400.0),
+    ),
+)
