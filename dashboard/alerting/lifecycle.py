@@ -29,6 +29,10 @@ Notices are returned, not sent: the caller turns each :class:`Notice` into outbo
   the alert already named, at its last evaluation, is not new. Silences mute it like a repeat,
   and it is only issued once the firing notice went out (before that, the firing notice says
   it all).
+* The cause an alert fired for (``details["cause"]`` at that evaluation) is recorded once, in
+  ``Alert.fired_cause``, and every later notice of it (repeat, updated, resolved) tells that
+  cause; the summary ends with it. A different cause named later is ``Alert.cause_now``, told
+  as a separate "since then" line, never in its place: receivers were told the first one.
 * ``for_seconds`` is judged with half a second of slack (at most a tenth of it). Evaluations
   follow collections, and those do not tick like a clock: each waits up to the broker's polling
   interval (0.25 s) to start and its evaluation as much again. Without slack a 10 s ``for`` at a
@@ -53,6 +57,7 @@ from django.urls import reverse
 
 from collectors.models import Node
 from dashboard.alerting.conditions import Condition
+from dashboard.alerting.figures import value_text
 from dashboard.alerting.models import (
     OPEN_STATES,
     Alert,
@@ -142,7 +147,9 @@ def alert_as_dict(alert: Alert) -> dict[str, Any]:
     """The alert as JSON-ready data for notification payloads and JSON endpoints.
 
     Times are ISO 8601 strings (or None); ``url`` is the alert page's path, to be joined to the
-    public address by whoever sends it. Cost: up to two queries (node and engine names).
+    public address by whoever sends it. ``cause`` is the cause it fired for (the latest one
+    while pending), ``cause_now`` a different one named since ("" when none), ``figures`` the
+    details as (label, text) rows. Cost: up to two queries (node and engine names).
     """
     return {
         "id": alert.pk,
@@ -153,7 +160,10 @@ def alert_as_dict(alert: Alert) -> dict[str, Any]:
         "node": alert.node.name,
         "engine": alert.engine.name if alert.engine_id else None,
         "summary": alert.summary,
+        "cause": alert.cause,
+        "cause_now": alert.cause_now,
         "details": alert.details,
+        "figures": alert.figures,
         "value": alert.value,
         "threshold": alert.threshold,
         "clear": alert.clear,
@@ -169,17 +179,28 @@ def alert_as_dict(alert: Alert) -> dict[str, Any]:
 def incidents(details: dict[str, Any], summary: str = "") -> dict[str, str]:
     """The incidents an alert's ``details`` name, by a stable key, each with a line for people.
 
-    A restart is one incident (``restart_id``, told by ``summary``); each cause a rule lists
-    (``causes[].component``, told by its ``text``) is one. Cost: none (no query).
+    A restart is one incident (``restart_id``, told by ``restart_text``, else by ``summary``);
+    each cause a rule lists (``causes[].component``, told by its ``text``) is one. Cost: none
+    (no query).
     """
     found: dict[str, str] = {}
     restart = details.get("restart_id")
     if restart is not None:
-        found[f"restart:{restart}"] = summary or f"restart {restart}"
+        found[f"restart:{restart}"] = str(details.get("restart_text") or summary
+                                          or f"restart {restart}")
     for cause in details.get("causes") or []:
         if isinstance(cause, dict) and cause.get("component"):
             found[f"cause:{cause['component']}"] = str(cause.get("text") or cause["component"])
     return found
+
+
+def _latest_cause(condition: Condition) -> str:
+    return str(condition.details.get("cause") or "")
+
+
+def _told(summary: str, cause: str) -> str:
+    """The rule's summary with the alert's cause, as the alert stores it (500 characters)."""
+    return (f"{summary}; cause: {cause}" if cause else summary)[:500]
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -208,10 +229,6 @@ def _is_cleared(condition: Condition) -> bool:
     # Crossing wins over clearing, so a rule whose clear edge is on the wrong side of its
     # threshold keeps its alert open instead of opening and resolving it every round.
     return bool(condition.back_past_clear()) and not condition.crosses_threshold()
-
-
-def _fmt(number: float | None) -> str:
-    return "unknown" if number is None else f"{number:g}"
 
 
 class _Round:
@@ -250,13 +267,13 @@ class _Round:
         alert = Alert.objects.create(
             rule=condition.rule, node=self.node, engine_id=condition.engine_id,
             scope=condition.scope, state=AlertState.PENDING, severity=condition.severity,
-            summary=condition.summary[:500], details=condition.details, value=condition.value,
+            summary=_told(condition.summary, _latest_cause(condition)),
+            details=condition.details, value=condition.value,
             threshold=condition.threshold, clear=condition.clear, direction=condition.direction,
             started_at=self.now, last_evaluated_at=self.now, last_evaluation="active",
         )
-        relation = "<" if condition.direction == "below" else ">"
-        self._record(alert, "", f"condition active: value {_fmt(condition.value)} {relation} "
-                                f"threshold {_fmt(condition.threshold)}", None)
+        self._record(alert, "", f"condition active: value {alert.value_text} "
+                                f"({alert.threshold_text})", None)
         return alert
 
     def _advance(self, alert: Alert, condition: Condition,
@@ -284,8 +301,9 @@ class _Round:
     def _refresh(alert: Alert, condition: Condition) -> None:
         # The rule may refine its cause and numbers while the alert is open.
         alert.severity = condition.severity
-        alert.summary = condition.summary[:500]
         alert.details = condition.details
+        # Once fired, the summary keeps telling the cause it fired for (``Alert.cause``).
+        alert.summary = _told(condition.summary, alert.cause)
         alert.value = condition.value
         alert.threshold = condition.threshold
         alert.clear = condition.clear
@@ -295,6 +313,8 @@ class _Round:
     def _fire(self, alert: Alert, setting: EffectiveSetting) -> Notice | None:
         alert.state = AlertState.FIRING
         alert.fired_at = self.now
+        # What receivers are told it fired for; a later cause is a separate "since then" line.
+        alert.fired_cause = alert.latest_cause[:500]
         message = f"active for {setting.for_seconds} s or more: firing"
         silence = self._silence_for(alert)
         if silence is not None:
@@ -326,8 +346,8 @@ class _Round:
     def _clear(self, alert: Alert, condition: Condition) -> Notice | None:
         reason = ResolveReason.CLEARED if alert.state == AlertState.FIRING \
             else ResolveReason.NEVER_FIRED
-        return self._resolve(alert, reason, f"value {_fmt(condition.value)} back past the clear "
-                                            f"edge {_fmt(condition.clear)}")
+        return self._resolve(alert, reason, f"value {alert.value_text} back past the clear "
+                                            f"edge {value_text(alert.rule, condition.clear)}")
 
     # --- alerts without a condition this round ----------------------------------------------
 

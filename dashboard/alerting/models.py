@@ -11,13 +11,13 @@ upgrade moved no data.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
 from collectors.models import Engine, Node
+from dashboard.alerting.figures import figure_rows, threshold_text, value_text
 
 __all__ = ["Alert", "AlertEvent", "RuleSetting", "Silence"]
 
@@ -44,9 +44,12 @@ class Alert(models.Model):
 
     ``started_at`` is when the condition was first seen active; ``fired_at`` when the ``for``
     duration had passed. ``value``/``threshold``/``summary``/``details`` are the latest evaluated
-    figures (refined on every evaluation while open, frozen once resolved). ``notify_count``
-    counts notices issued for it (firing, repeat, resolved): 0 means nobody was ever told, so its
-    resolution is silent too.
+    figures (refined on every evaluation while open, frozen once resolved). ``fired_cause`` is
+    the cause the rule named when the alert fired: recorded once, never rewritten by later
+    evaluations or by the resolve, because it is what receivers were told; ``summary`` ends with
+    that cause ("…; cause: …"), and a different cause named since is ``cause_now``.
+    ``notify_count`` counts notices issued for it (firing, repeat, updated, resolved): 0 means
+    nobody was ever told, so its resolution is silent too.
     """
 
     rule = models.CharField(max_length=64)
@@ -74,6 +77,7 @@ class Alert(models.Model):
     last_notified_at = models.DateTimeField(null=True, blank=True)
     notify_count = models.PositiveIntegerField(default=0)
     resolve_reason = models.CharField(max_length=32, choices=ResolveReason.choices, blank=True)
+    fired_cause = models.CharField(max_length=500, blank=True)
 
     class Meta:
         db_table = "dashboard_alert"
@@ -97,14 +101,36 @@ class Alert(models.Model):
         return self.state in OPEN_STATES
 
     @property
-    def cause(self) -> str:
-        """The rule's explanation of why, if it gave one (``details["cause"]``)."""
+    def latest_cause(self) -> str:
+        """The cause the rule named at its latest evaluation (``details["cause"]``), or ""."""
         return str((self.details or {}).get("cause") or "")
 
     @property
-    def figures(self) -> list[tuple[str, Any]]:
-        """The numbers in ``details`` other than the cause, sorted by name, for display."""
-        return sorted((k, v) for k, v in (self.details or {}).items() if k != "cause")
+    def cause(self) -> str:
+        """The alert's cause: the one named when it fired. While pending, and for an alert that
+        fired without one (or before causes were recorded at firing), the latest one."""
+        return self.fired_cause or self.latest_cause
+
+    @property
+    def cause_now(self) -> str:
+        """A different cause named since it fired ("since then: …"), or "" when none."""
+        latest = self.latest_cause
+        return latest if self.fired_cause and latest != self.fired_cause else ""
+
+    @property
+    def figures(self) -> list[tuple[str, str]]:
+        """The rule's figures in ``details`` as (label, text in units) rows, for people."""
+        return figure_rows(self.details or {})
+
+    @property
+    def value_text(self) -> str:
+        """The evaluated value in the rule's unit ("3.10 GiB", "2 restarts", "unknown")."""
+        return value_text(self.rule, self.value)
+
+    @property
+    def threshold_text(self) -> str:
+        """Where it fires and clears, in the rule's unit ("below 4.00 GiB; clears at 4.50 GiB")."""
+        return threshold_text(self.rule, self.threshold, self.clear, self.direction)
 
 
 class AlertEvent(models.Model):
@@ -129,6 +155,12 @@ class AlertEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.alert_id}: {self.from_state or '-'} → {self.to_state} at {self.at}"
+
+    @property
+    def value_text(self) -> str:
+        """The value at this change in its rule's unit (reads ``alert``: one query unless it
+        came through ``alert.events``)."""
+        return value_text(self.alert.rule, self.value)
 
 
 class SilenceQuerySet(models.QuerySet["Silence"]):

@@ -15,6 +15,8 @@ signature headers (see ``signing``). Keys may be added later; none will be remov
         "node": "spark-a",
         "engine": "vllm-a" | null,      # null for node-wide rules
         "summary": "one line for people",
+        "cause": "<one line>" | null,   # the cause it fired for; never rewritten later
+        "cause_now": "<one line>" | null,  # a different cause named since it fired
         "details": {...},               # the rule's numbers and cause, a JSON object
         "started_at": "<ISO 8601>" | null,   # condition first seen (pending)
         "fired_at": "<ISO 8601>" | null,
@@ -55,6 +57,7 @@ Message = tuple[dict[str, Any], str, str, str]  # payload, subject, text, html
 ALERT_KINDS = {"firing": "FIRING", "repeat": "STILL FIRING", "resolved": "RESOLVED",
                "updated": "NEW INCIDENT"}
 _ALERT_FIELDS = ("id", "rule", "state", "severity", "node", "engine", "summary")
+_CAUSE_FIELDS = ("cause", "cause_now")
 _TIME_FIELDS = ("started_at", "fired_at", "resolved_at")
 _SUBJECT_LIMIT = 200
 
@@ -64,8 +67,10 @@ def build_alert_message(alert: dict[str, Any], kind: str,
     """Payload, subject, text and HTML for one alert notification.
 
     ``alert`` holds the keys of the payload's ``alert`` object (missing ones become null);
-    times may be datetimes or ISO strings. An optional ``url`` key (absolute, or a path joined
-    to ``SPARKOPS_PUBLIC_URL``) links to the alert's page. ``kind`` is firing, repeat, resolved
+    times may be datetimes or ISO strings. An optional ``figures`` key, (label, text) rows,
+    is how the email shows ``details``; without it each detail is shown as JSON. An optional
+    ``url`` key (absolute, or a path joined to ``SPARKOPS_PUBLIC_URL``) links to the alert's
+    page. ``kind`` is firing, repeat, resolved
     or updated; ``news`` (for updated, required there) says what is new, one line each.
     Cost: two template renders.
     """
@@ -74,6 +79,7 @@ def build_alert_message(alert: dict[str, Any], kind: str,
     if (kind == "updated") != bool(news):
         raise ValueError("an updated notification says what is new, and only it does")
     fields: dict[str, Any] = {name: alert.get(name) for name in _ALERT_FIELDS}
+    fields.update({name: alert.get(name) or None for name in _CAUSE_FIELDS})
     fields["details"] = _json_ready(alert.get("details") or {})
     fields.update({name: _iso(alert.get(name)) for name in _TIME_FIELDS})
     url = _absolute(alert.get("url") or "/")
@@ -88,11 +94,11 @@ def build_alert_message(alert: dict[str, Any], kind: str,
         "times": [(label, _readable(fields[name])) for name, label in (
             ("started_at", "Started"), ("fired_at", "Fired"), ("resolved_at", "Resolved"))
             if fields[name]],
-        "details": _detail_rows(fields["details"]),
+        "details": _figure_rows(alert.get("figures"), fields["details"]),
         "news": list(news),
         "url": url,
     }
-    told = news[0] if news else fields["summary"] or ""
+    told = news[0] if news else _with_cause(fields["summary"] or "", fields["cause"])
     subject = _one_line(
         f"[SparkOps] {ALERT_KINDS[kind]} {fields['severity'] or ''}: {fields['rule']} on "
         f"{_where(fields)} — {told}")
@@ -144,6 +150,17 @@ def _readable(value: str) -> str:
 def _json_ready(details: Any) -> Any:
     """Details as plain JSON types (datetimes and decimals become strings)."""
     return json.loads(json.dumps(details, cls=DjangoJSONEncoder))
+
+
+def _with_cause(summary: str, cause: str | None) -> str:
+    return f"{summary}; cause: {cause}" if cause and cause not in summary else summary
+
+
+def _figure_rows(figures: Any, details: Any) -> list[tuple[str, str]]:
+    """The email's rows of figures: the labelled ones when given, else ``details`` as JSON."""
+    if figures:
+        return [(str(label), str(text)) for label, text in figures]
+    return _detail_rows(details)
 
 
 def _detail_rows(details: Any) -> list[tuple[str, str]]:

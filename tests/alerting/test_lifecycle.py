@@ -256,7 +256,8 @@ def test_details_and_summary_follow_the_latest_evaluation(node):
     evaluate(node, [floor(node, 6.0, summary="refined", details={"cause": "page cache"})], at(5))
 
     alert = Alert.objects.get()
-    assert (alert.summary, alert.cause, alert.value) == ("refined", "page cache", 6.0)
+    assert (alert.summary, alert.cause, alert.value) == \
+        ("refined; cause: page cache", "page cache", 6.0)
 
 
 def test_vanished_scope_resolves_as_no_longer_applies(node):

@@ -87,7 +87,7 @@ def test_alerts_page_filters_by_node(viewer_client, node):
 
 def test_alert_detail_shows_its_timeline(viewer_client, node):
     alerts_in_every_state(node)
-    alert = Alert.objects.get(summary="over by 2 GiB")
+    alert = Alert.objects.get(summary="over by 2 GiB; cause: gemma restarted with 24 GiB KV")
 
     response = viewer_client.get(reverse("dashboard:alert", args=[alert.pk]))
 

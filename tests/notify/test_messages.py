@@ -51,8 +51,8 @@ def test_alert_payload_follows_the_documented_schema():
     assert payload["type"] == "alert.firing"
     assert payload["url"] == "https://sparkops.example/alerts/42/"
     assert set(payload["alert"]) == {"id", "rule", "state", "severity", "node", "engine",
-                                     "summary", "details", "started_at", "fired_at",
-                                     "resolved_at"}
+                                     "summary", "cause", "cause_now", "details",
+                                     "started_at", "fired_at", "resolved_at"}
     assert payload["alert"]["fired_at"] == T0.isoformat()
     assert payload["alert"]["resolved_at"] is None
     json.dumps(payload)  # JSON-ready as it is

@@ -13,10 +13,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from collectors.models import Engine, Node
 from dashboard.alerting.conditions import Condition
+
+ValueUnit = Literal["GiB", "s", "fraction", "down", "restarts"]
 
 # Alertmanager's default repeat_interval: a still-firing alert is notified again every 4 h.
 DEFAULT_REPEAT_SECONDS = 4 * 3600
@@ -64,7 +66,9 @@ class Rule:
 
     ``for_seconds`` is how long its condition must stay active before a pending alert fires
     (Prometheus' ``for``); ``repeat_seconds`` how often a still-firing alert is notified again
-    (Alertmanager's ``repeat_interval``).
+    (Alertmanager's ``repeat_interval``). ``value_unit`` says what its value counts, so pages
+    and notices write it in words: "GiB", "s", "fraction" (of a usual rate), "down" (1 when
+    down, 0 when up) or "restarts" (a count).
     """
 
     name: str
@@ -74,6 +78,7 @@ class Rule:
     evaluate: Evaluate
     repeat_seconds: int = DEFAULT_REPEAT_SECONDS
     thresholds: tuple[ThresholdSpec, ...] = ()
+    value_unit: ValueUnit = "GiB"
 
     def threshold_spec(self, key: str) -> ThresholdSpec:
         """The spec of threshold ``key``; KeyError when the rule has none by that name."""

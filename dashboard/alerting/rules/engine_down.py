@@ -64,4 +64,5 @@ RULE = Rule(
     ),
     for_seconds=60,
     evaluate=evaluate,
+    value_unit="down",
 )

@@ -36,8 +36,6 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
                    f"{fixed_gib_text(headroom)} − margin {t['margin_gib']:.2f} GiB < prefill "
                    f"need {fixed_gib_text(share['prefill_need'])}"
                    f" ({share['prefill_need_source']})")
-        if found:
-            summary += f"; cause: {found[0]['text']}"
         conditions.append(Condition(
             rule=RULE.name, node_id=node.pk, engine_id=engine.pk, value=value,
             threshold=need, clear=need + t["hysteresis_gib"], direction="below",
@@ -47,7 +45,9 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
                      "prefill_need_source": share["prefill_need_source"],
                      "prefill_estimate_bytes": share.get("prefill_estimate"),
                      "prefill_observed_bytes": share.get("prefill_observed"),
-                     "causes": found},
+                     "causes": found,
+                     # The largest mover is the cause; the alert keeps the one it fired for.
+                     "cause": found[0]["text"] if found else ""},
         ))
     return conditions
 

@@ -73,6 +73,7 @@ RULE = Rule(
     ),
     for_seconds=0,
     evaluate=evaluate,
+    value_unit="fraction",
     thresholds=(
         ThresholdSpec("decode_collapse_fraction", "Decode collapse", 0.25,
                       "of recent rate",

@@ -62,6 +62,7 @@ RULE = Rule(
     ),
     for_seconds=30,
     evaluate=evaluate,
+    value_unit="s",
     thresholds=(
         ThresholdSpec("waiting_seconds", "Waiting time", 15.0, "s",
                       "Longest acceptable wait in the queue (the seed's 17th of 20 "

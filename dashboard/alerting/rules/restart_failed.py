@@ -36,6 +36,7 @@ RULE = Rule(
     ),
     for_seconds=0,
     evaluate=evaluate,
+    value_unit="restarts",
     repeat_seconds=4 * 3600,
     thresholds=(
         ThresholdSpec("recent_minutes", "Remember for", 60.0, "min",

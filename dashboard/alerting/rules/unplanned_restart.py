@@ -29,6 +29,7 @@ RULE = Rule(
     ),
     for_seconds=0,
     evaluate=evaluate,
+    value_unit="restarts",
     repeat_seconds=24 * 3600,
     thresholds=(
         ThresholdSpec("recent_minutes", "Remember for", 30.0, "min",
