@@ -39,6 +39,29 @@ class ContainerEngineError(Exception):
     """The container engine could not be reached or answered with an error."""
 
 
+# Where an error said in words is followed by the library's own reason, for whoever debugs it.
+DETAIL_SEPARATOR = "\nDetail: "
+
+
+def _unreachable(url: str | None, error: Exception) -> ContainerEngineError:
+    """The error for an engine that cannot be reached, in words: what is wrong at which
+    address and what to set, then the library's reason after ``DETAIL_SEPARATOR``."""
+    where = url or "Docker's default socket (unix:///var/run/docker.sock)"
+    raw = str(error)
+    if "Permission denied" in raw or "PermissionError" in raw:
+        problem = "the user SparkOps runs as may not use the socket"
+    elif "No such file" in raw or "FileNotFoundError" in raw:
+        problem = "there is no socket there"
+    elif "refused" in raw:
+        problem = "nothing answers there"
+    else:
+        problem = "it did not answer"
+    return ContainerEngineError(
+        f"Cannot reach the container engine at {where}: {problem}. Set SPARKOPS_DOCKER_HOST to "
+        "the Docker or Podman socket (e.g. unix:///var/run/docker.sock) and give the user "
+        f"SparkOps runs as read and write access to it.{DETAIL_SEPARATOR}{raw}")
+
+
 @dataclass(frozen=True)
 class Mount:
     type: str
@@ -94,8 +117,7 @@ def client(base_url: str | None = None) -> docker.DockerClient:
             made = docker.from_env(timeout=API_TIMEOUT_SECONDS, version=version)
     except docker.errors.DockerException as error:
         _api_versions.pop(url or "", None)
-        raise ContainerEngineError(f"no container engine at {url or 'the default socket'}: "
-                                   f"{error}") from None
+        raise _unreachable(url, error) from None
     _api_versions[url or ""] = made.api.api_version
     if made.api.base_url.startswith("http+docker://"):
         # A Unix socket: proxy variables and .netrc never apply, and requests would otherwise

@@ -16,7 +16,9 @@ from dashboard.downsample import break_long_gaps, downsample
 from dashboard.memory import RANGES, gap_step_seconds
 from dashboard.restarts.models import Restart
 from dashboard.series import chart_bucket_seconds, engine_points, resolution_for, source_label
-from sparkops.units import UNKNOWN, gib_text
+from sparkops.units import UNKNOWN, gib_text, size_text
+
+NOT_OBSERVED = "not observed yet"
 
 
 def duration_text(seconds: float | None) -> str:
@@ -117,8 +119,13 @@ def humanise_ledger(ledger: dict | None) -> dict | None:
     for marker in ledger["markers"]:
         marker["text"] = gib_text(marker["gib"])
     for row in ledger["engines"]:
-        for key in ("weights", "kv", "graphs", "actual", "estimate", "observed", "need"):
+        for key in ("weights", "kv", "graphs", "actual"):
             row[f"{key}_text"] = gib_text(row.get(f"{key}_gib"))
+        for key in ("estimate", "observed", "need"):
+            row[f"{key}_text"] = size_text(row.get(f"{key}_bytes"))
+        if row.get("observed_bytes") is None:
+            # No dip was attributed to this engine yet: nothing was measured, not 0.
+            row["observed_text"] = NOT_OBSERVED
     for process in ledger["processes"]:
         process["text"] = gib_text(process["gib"])
     return ledger

@@ -67,7 +67,10 @@ def ledger_bar(node: Node) -> dict | None:
              "graphs_gib": _gib(s["cuda_graphs"]), "actual_gib": _gib(s["actual"]),
              "estimate_gib": _gib(s["prefill_estimate"]),
              "observed_gib": _gib(s["prefill_observed"]), "need_gib": _gib(s["prefill_need"]),
-             "need_source": s["prefill_need_source"]}
+             "need_source": s["prefill_need_source"],
+             # Bytes too: a prefill buffer can be a few MiB, which two decimals of GiB show as 0.
+             "estimate_bytes": s["prefill_estimate"], "observed_bytes": s["prefill_observed"],
+             "need_bytes": s["prefill_need"]}
             for s in ledger.get("engines", [])
         ],
         "processes": [{"name": p["name"], "gib": _gib(p["rss_bytes"]), "count": p["count"]}

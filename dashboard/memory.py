@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from collectors.hostmemory import latest_collection
-from collectors.models import Collection, Metric, Node
+from collectors.models import Collection, Metric, Node, Sample
 from collectors.sampling import stale_after
 from dashboard.downsample import SeriesPoint, break_long_gaps, downsample
 from sparkops.units import UNKNOWN, fixed_gib_text, gib
@@ -33,6 +33,8 @@ class Figure:
     help: str
     unit: str  # "GiB" or "%"
 
+
+NO_SWAP = "no swap"  # how "Swap in use" reads where SwapTotal is 0
 
 FIGURES = [
     Figure("mem_available", Metric.MEM_AVAILABLE, "MemAvailable",
@@ -71,7 +73,8 @@ def current_headroom(node: Node, now: datetime, interval: float) -> dict:
     A stale collection's figures are still shown, under the ``stale`` warning: the last thing
     known about the node is what its operator needs to see. Cost: three indexed queries.
     """
-    reading = latest_collection(node, now, interval, [figure.metric for figure in FIGURES])
+    reading = latest_collection(node, now, interval,
+                                [figure.metric for figure in FIGURES] + [Metric.SWAP_TOTAL])
     latest = reading.collection
     last_failure = Collection.objects.filter(node=node, ok=False).order_by("-at").first()
     payload: dict = {
@@ -90,6 +93,7 @@ def current_headroom(node: Node, now: datetime, interval: float) -> dict:
         "stale": reading.stale,
         "figures": [],
     }
+    no_swap = _no_swap(reading.samples.get(Metric.SWAP_TOTAL))
     for figure in FIGURES:
         sample = reading.samples.get(figure.metric)
         value = sample.value if sample else None
@@ -97,16 +101,25 @@ def current_headroom(node: Node, now: datetime, interval: float) -> dict:
             reason = reading.error if reading.ok is False else "no collection yet"
         else:
             reason = sample.note or ""
+        display = _display(figure, value)
+        if figure.metric == Metric.SWAP_USED and no_swap and value is not None:
+            # Nothing can be in use where there is no swap: a 0 would read as "swap is fine".
+            value, display, reason = None, NO_SWAP, "SwapTotal is 0: this machine has no swap."
         payload["figures"].append({
             "key": figure.key,
             "label": figure.label,
             "help": figure.help,
             "unit": figure.unit,
             "value": _scaled(figure, value),
-            "display": _display(figure, value),
+            "display": display,
             "unknown_reason": reason if value is None else None,
         })
     return payload
+
+
+def _no_swap(swap_total: Sample | None) -> bool:
+    """Whether the latest collection's SwapTotal sample says the machine has no swap."""
+    return swap_total is not None and swap_total.value == 0
 
 
 def gap_step_seconds(span: timedelta, max_points: int, interval: float, resolution: int

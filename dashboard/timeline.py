@@ -17,8 +17,11 @@ per-hour min and max over long ranges), reduced with the min-max downsampler so 
 KV pools and other processes are *stepwise*: SparkOps keeps only :class:`LedgerChange` rows,
 written when a component moves by at least the change threshold (0.5 % of MemTotal by default).
 Between two rows the size is the earlier row's ``after``; moves smaller than the threshold do not
-show; before its first row in range a component has the ``after`` of its last earlier row (else
-the first row's ``before``, except an engine's first appearance, ``0 → size``, which starts it).
+show. A step line is drawn only where SparkOps was collecting (the stretches of the host series
+without a gap): it starts at the first collection in range with the ``after`` of the last earlier
+row (else, in the first row's stretch, that row's ``before``, except an engine's first
+appearance, ``0 → size``, which starts it), and it breaks (a None) across every stretch without
+collections.
 
 Unknown is ``None`` (a gap), never 0. Every series has at most ``max_points`` points.
 Cost: a few queries per series, each one index range of the tier that suits the range
@@ -32,7 +35,15 @@ from datetime import datetime, timedelta
 
 from django.db.models import Q
 
-from collectors.models import Engine, EngineMetric, Event, LedgerChange, Metric, Node
+from collectors.models import (
+    Collection,
+    Engine,
+    EngineMetric,
+    Event,
+    LedgerChange,
+    Metric,
+    Node,
+)
 from dashboard.alerting.models import Alert
 from dashboard.downsample import SeriesPoint
 from dashboard.memory import RANGES, collection_failures, gap_step_seconds, reduce_series
@@ -106,7 +117,8 @@ def timeline(node: Node, range_key: str, now: datetime, max_points: int, interva
              ) -> dict:
     """The timeline of ``node`` over ``range_key`` ending at ``now``, as JSON-ready data.
 
-    ``series`` entries carry their ``panel``, ``label``, ``unit``, ``engine`` (or None),
+    ``shown_start`` is where the axis starts (:func:`_shown_start`). ``series`` entries carry
+    their ``panel``, ``label``, ``unit``, ``engine`` (or None),
     ``exactness`` ("exact" or "stepwise") and equally long ``x`` (ISO 8601) and ``y`` lists
     of at most ``max_points``. ``markers`` carry ``at`` (and ``until`` for a restart's outage),
     ``lane``, ``kind``, ``label`` and a hover ``text``.
@@ -122,11 +134,14 @@ def timeline(node: Node, range_key: str, now: datetime, max_points: int, interva
                    chart_bucket_seconds(span, budget))
     failures = collection_failures(node, start, now)
     engines = _engines_in_range(node, start)
-    series = _host_series(node, frame, failures)
+    host = host_points(node, [spec.metric for spec in HOST_SERIES], frame.start,
+                       frame.resolution, frame.bucket)
+    series = _host_series(host, frame, failures)
     metrics = [spec[2] for spec in ENGINE_SERIES] + HOLDINGS
     found = engine_points(engines, metrics, frame.start, frame.end, frame.resolution,
                           frame.bucket)
-    series += _ledger_series(node, engines, frame, found)
+    spans = collected_spans(host[Metric.MEM_AVAILABLE], frame.end, frame.step)
+    series += _ledger_series(node, engines, frame, found, spans)
     for engine in engines:
         series += _engine_rate_series(engine, frame, found)
     return {
@@ -134,6 +149,7 @@ def timeline(node: Node, range_key: str, now: datetime, max_points: int, interva
         "range": range_key,
         "start": start.isoformat(),
         "end": now.isoformat(),
+        "shown_start": _shown_start(node, start).isoformat(),
         "source": source_label(resolution),
         "max_points": max_points,
         "panels": PANELS,
@@ -142,6 +158,15 @@ def timeline(node: Node, range_key: str, now: datetime, max_points: int, interva
         "markers": markers(node, start, now),
         "failures": [{"at": at.isoformat(), "error": error} for at, error in failures],
     }
+
+
+def _shown_start(node: Node, start: datetime) -> datetime:
+    """Where the chart's axis starts: ``start``, or the node's first collection ever when that
+    is later (a new install), so the data it has fills the chart instead of a sliver of it.
+    Cost: one indexed query."""
+    first = Collection.objects.filter(node=node).order_by("at").values_list("at", flat=True) \
+        .first()
+    return first if first is not None and first > start else start
 
 
 def _engines_in_range(node: Node, start: datetime) -> list[Engine]:
@@ -176,10 +201,8 @@ class _Frame:
     bucket: float
 
 
-def _host_series(node: Node, frame: _Frame, failures: list[tuple[datetime, str]]
-                 ) -> list[dict]:
-    found = host_points(node, [spec.metric for spec in HOST_SERIES], frame.start,
-                        frame.resolution, frame.bucket)
+def _host_series(found: dict[int, list[SeriesPoint]], frame: _Frame,
+                 failures: list[tuple[datetime, str]]) -> list[dict]:
     out = []
     for spec in HOST_SERIES:
         points = reduce_series(found[spec.metric], failures, frame.budget, frame.step)
@@ -215,8 +238,27 @@ def _holdings(engine: Engine, frame: _Frame, found: EnginePoints) -> dict:
 
 # --- the ledger, stepwise from its change rows ---------------------------------------------------
 
-def _ledger_series(node: Node, engines: list[Engine], frame: _Frame, found: EnginePoints
-                   ) -> list[dict]:
+Span = tuple[datetime, datetime]
+
+
+def collected_spans(points: list[SeriesPoint], end: datetime, step: float) -> list[Span]:
+    """The stretches in which SparkOps collected, oldest first: runs of host points (one per
+    collection or bucket, known or not) no further apart than ``step`` seconds. The last
+    stretch reaches ``end`` when its last point is at most ``step`` before it (still
+    collecting)."""
+    spans: list[Span] = []
+    for point in points:
+        if spans and (point.at - spans[-1][1]).total_seconds() <= step:
+            spans[-1] = (spans[-1][0], point.at)
+        else:
+            spans.append((point.at, point.at))
+    if spans and (end - spans[-1][1]).total_seconds() <= step:
+        spans[-1] = (spans[-1][0], end)
+    return spans
+
+
+def _ledger_series(node: Node, engines: list[Engine], frame: _Frame, found: EnginePoints,
+                   spans: list[Span]) -> list[dict]:
     start, end = frame.start, frame.end
     out = []
     current = node.ledger or {}
@@ -225,17 +267,21 @@ def _ledger_series(node: Node, engines: list[Engine], frame: _Frame, found: Engi
         out.append(_holdings(engine, frame, found))
         key = f"engine:{engine.pk}:kv_pool"
         carry = end if engine.pk in present_engine_ids else min(engine.last_seen, end)
-        points = step_series(node, key, start, end, carry, appearance_from_zero=True)
+        points = step_series(node, key, start, end, carry, appearance_from_zero=True,
+                             spans=spans, step=frame.step)
         if points:
             out.append(_entry("ledger", f"{engine.name}:kv_pool", f"{engine.name} KV pool",
                               "GiB", points, engine=engine.name, exactness="stepwise",
                               scale=1 / GIB))
-    out += _process_series(node, start, end, {p.get("name") for p in current.get("processes", [])})
+    present = {p.get("name") for p in current.get("processes", [])}
+    out += _process_series(node, frame, present, spans)
     return out
 
 
-def _process_series(node: Node, start: datetime, end: datetime, present: set[str]) -> list[dict]:
+def _process_series(node: Node, frame: _Frame, present: set[str], spans: list[Span]
+                    ) -> list[dict]:
     """Other processes that moved past the threshold in range, largest first."""
+    start, end = frame.start, frame.end
     moved = LedgerChange.objects.filter(node=node, component__startswith="process:",
                                         at__gte=start, at__lte=end)
     largest: dict[str, int] = {}
@@ -245,36 +291,77 @@ def _process_series(node: Node, start: datetime, end: datetime, present: set[str
     for component in sorted(largest, key=lambda c: -largest[c])[:PROCESS_LIMIT]:
         name = component.removeprefix("process:")
         points = step_series(node, component, start, end, end if name in present else None,
-                             appearance_from_zero=False)
+                             appearance_from_zero=False, spans=spans, step=frame.step)
         out.append(_entry("ledger", component, f"process {name}", "GiB", points,
                           exactness="stepwise", scale=1 / GIB))
     return out
 
 
 def step_series(node: Node, component: str, start: datetime, end: datetime,
-                carry_until: datetime | None, *, appearance_from_zero: bool) -> Points:
-    """A ledger component's size as steps, rebuilt from its LedgerChange rows.
+                carry_until: datetime | None, *, appearance_from_zero: bool,
+                spans: list[Span], step: float) -> Points:
+    """A ledger component's size as steps, rebuilt from its LedgerChange rows, drawn only
+    inside ``spans`` (the stretches SparkOps collected in, from :func:`collected_spans`).
 
     Each row becomes a point at its instant with its ``after`` size (the page draws the line as
-    steps). The value at ``start`` is the last earlier row's ``after``, else the first row's
-    ``before``; with ``appearance_from_zero`` a first row ``0 → size`` marks when SparkOps first
-    saw the component, which was unknown (not 0) before. The last size is carried to
-    ``carry_until`` (None: the component left the ledger, so its line ends at its last row).
+    steps). Each stretch opens with the size known at its start: the last earlier row's
+    ``after``, else (only in the stretch of the first row) that row's ``before``; with
+    ``appearance_from_zero`` a first row ``0 → size`` marks when SparkOps first saw the
+    component, which was unknown (not 0) before.
+    A stretch closes with its last size, up to ``carry_until`` at the latest (None: the
+    component left the ledger, so its line ends at its last row); a None separates two
+    stretches. No point lies before the first collection in range.
     """
     rows = list(LedgerChange.objects.filter(node=node, component=component, at__gte=start,
                                             at__lte=end)
                 .order_by("at").values_list("at", "before_bytes", "after_bytes"))
     prior = LedgerChange.objects.filter(node=node, component=component, at__lt=start) \
         .order_by("-at").values_list("after_bytes", flat=True).first()
+    # The last earlier row's size held wherever SparkOps collected (a move would have written a
+    # row); a first row's ``before`` is only known in the stretch that recorded that row.
+    held = None if prior is None else float(prior)
+    before: float | None = None
+    if prior is None and rows and rows[0][1] is not None \
+            and not (appearance_from_zero and rows[0][1] == 0):
+        before = float(rows[0][1])
+    changes = [(at, None if after is None else float(after)) for at, _, after in rows]
+    last_row = changes[-1][0] if changes else None
+    until = carry_until if carry_until is not None else last_row
     points: Points = []
-    if prior is not None:
-        points.append((start, float(prior)))
-    elif rows and rows[0][1] is not None and not (appearance_from_zero and rows[0][1] == 0):
-        points.append((start, float(rows[0][1])))
-    points += [(at, None if after is None else float(after)) for at, _, after in rows]
-    if points and carry_until is not None and points[-1][0] < carry_until:
-        points.append((carry_until, points[-1][1]))
+    for first, last in _spans_with_rows(spans, [at for at, _ in changes], step):
+        inside = [change for change in changes if first <= change[0] <= last]
+        known = [value for at, value in changes if at < first]
+        opening = known[-1] if known else held
+        if not known and held is None and inside and inside[0][0] == changes[0][0]:
+            opening = before
+        opens_before_rows = not inside or inside[0][0] > first
+        if opening is not None and opens_before_rows and (until is None or first <= until):
+            inside.insert(0, (first, opening))
+        if not inside:
+            continue
+        close = min(last, until) if until is not None else None
+        if close is not None and inside[-1][0] < close:
+            inside.append((close, inside[-1][1]))
+        if points:
+            points.append((points[-1][0] + (inside[0][0] - points[-1][0]) / 2, None))
+        points += inside
     return points
+
+
+def _spans_with_rows(spans: list[Span], instants: list[datetime], step: float) -> list[Span]:
+    """``spans`` widened to hold each row instant within ``step`` seconds of them (a roll-up's
+    bucket starts before the rows in it), and a span of its own for a row outside them all."""
+    out = list(spans)
+    for at in instants:
+        near = next((i for i, (first, last) in enumerate(out)
+                     if (first - at).total_seconds() <= step
+                     and (at - last).total_seconds() <= step), None)
+        if near is None:
+            out.append((at, at))
+        else:
+            first, last = out[near]
+            out[near] = (min(first, at), max(last, at))
+    return sorted(out)
 
 
 # --- markers -------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
 
+from collectors.docker_api import DETAIL_SEPARATOR
 from collectors.models import Engine, Node
 from collectors.nodes import local_node
 from dashboard.alerting.models import Alert, AlertState
@@ -45,8 +46,11 @@ def _cards_context(node: Node) -> dict:
     """What the engine-cards fragment shows: firing alerts, the ledger, the cards."""
     firing = Alert.objects.filter(node=node, state=AlertState.FIRING) \
         .select_related("engine").order_by("-fired_at", "-pk")
+    error, _, detail = node.engine_discovery_error.partition(DETAIL_SEPARATOR)
     return {
         "node": node,
+        "discovery_error": error,
+        "discovery_detail": detail,
         "cards": node_engine_cards(node),
         "ledger": humanise_ledger(ledger_bar(node)),
         "firing": list(firing[:FIRING_LIMIT]),

@@ -8,6 +8,7 @@ import pytest
 from django.utils import timezone
 
 from collectors.models import Collection, Metric, Node, Sample
+from dashboard.alerting.models import Alert, AlertState
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 GIB = 1024**3
@@ -84,6 +85,21 @@ def test_overview_refreshes_itself_while_open(live_server, page, django_user_mod
         "document.querySelector('.figure[data-key=\"mem_available\"] .value')"
         ".textContent === '33.00 GiB'", timeout=10_000,
     )
+
+    # An alert that fires while the page is open appears above the figures, also on a phone.
+    page.set_viewport_size({"width": 390, "height": 844})
+    Alert.objects.create(node=node, rule="headroom-floor", severity="critical",
+                         state=AlertState.FIRING, fired_at=at, started_at=at,
+                         last_evaluated_at=at, value=1.2, threshold=2.0,
+                         summary="headroom 1.2 GiB below the floor")
+    page.wait_for_function(
+        "document.getElementById('firing-alerts').textContent.includes('below the floor')",
+        timeout=10_000,
+    )
+    assert page.locator("#firing-alerts").count() == 1
+    strip, figures = page.locator("#firing-alerts").bounding_box(), \
+        page.locator("#figures").bounding_box()
+    assert strip["y"] + strip["height"] <= figures["y"]
 
 
 def test_polling_backs_off_while_the_tab_is_hidden(live_server, page, django_user_model,

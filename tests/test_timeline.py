@@ -45,6 +45,14 @@ def _pairs(series: dict) -> list[tuple[str, float | None]]:
     return list(zip(series["x"], series["y"], strict=True))
 
 
+def _collected(node, first: datetime, last: datetime, every: int = 10) -> None:
+    """Host samples every ``every`` seconds from ``first`` to ``last``: SparkOps collecting."""
+    count = int((last - first).total_seconds()) // every
+    Sample.objects.bulk_create([
+        Sample(node=node, metric=Metric.MEM_AVAILABLE, at=first + timedelta(seconds=every * i),
+               value=30 * GIB) for i in range(count + 1)])
+
+
 def test_panels_share_one_range_and_host_series_are_in_gib_with_gaps(node, now):
     for i in range(10):
         at = now - timedelta(seconds=5 * (10 - i))
@@ -100,6 +108,7 @@ def test_kv_pools_are_steps_rebuilt_from_ledger_changes(node, now):
     LedgerChange.objects.create(node=node, engine=gemma, label="gemma's KV pool",
                                 component=f"engine:{gemma.pk}:kv_pool",
                                 at=now - timedelta(hours=3), before_bytes=0, after_bytes=20 * GIB)
+    _collected(node, now - timedelta(hours=1), now)
 
     data = timeline(node, "1h", now, 2000, 5.0)
 
@@ -108,7 +117,7 @@ def test_kv_pools_are_steps_rebuilt_from_ledger_changes(node, now):
     # Unknown before SparkOps first saw it (no point at the range start), 8 then 24 GiB up to now.
     assert _pairs(pool) == [(appeared.isoformat(), 8.0), (grew.isoformat(), 24.0),
                             (now.isoformat(), 24.0)]
-    # A pool that last changed before the range holds that size from the range's start.
+    # A pool that last changed before the range holds that size from the first collection.
     assert _pairs(_series(data, "gemma:kv_pool")) == [
         ((now - timedelta(hours=1)).isoformat(), 20.0), (now.isoformat(), 20.0)]
 
@@ -121,6 +130,7 @@ def test_a_gone_engines_pool_ends_when_it_was_last_seen(node, now):
                                 component=f"engine:{gone.pk}:kv_pool",
                                 at=now - timedelta(minutes=30), before_bytes=0,
                                 after_bytes=4 * GIB)
+    _collected(node, now - timedelta(hours=1), now)
 
     data = timeline(node, "1h", now, 2000, 5.0)
 
@@ -133,6 +143,7 @@ def test_other_processes_that_moved_are_drawn_as_steps(node, now):
     moved = now - timedelta(minutes=20)
     LedgerChange.objects.create(node=node, component="process:postgres", label="process postgres",
                                 at=moved, before_bytes=2 * GIB, after_bytes=6 * GIB)
+    _collected(node, now - timedelta(hours=1), now)
 
     data = timeline(node, "1h", now, 2000, 5.0)
 
@@ -140,6 +151,39 @@ def test_other_processes_that_moved_are_drawn_as_steps(node, now):
     assert process["label"] == "process postgres" and process["exactness"] == "stepwise"
     assert _pairs(process) == [((now - timedelta(hours=1)).isoformat(), 2.0),
                                (moved.isoformat(), 6.0), (now.isoformat(), 6.0)]
+
+
+def test_a_step_line_starts_at_the_first_collection_and_breaks_across_a_gap(node, now):
+    gemma = _engine(node, "gemma")
+    node.ledger = {"engines": [{"engine_id": gemma.pk}],
+                   "processes": [{"name": "postgres", "rss_bytes": 6 * GIB, "count": 4}]}
+    node.save()
+    LedgerChange.objects.create(node=node, engine=gemma, label="gemma's KV pool",
+                                component=f"engine:{gemma.pk}:kv_pool",
+                                at=now - timedelta(hours=8), before_bytes=0, after_bytes=20 * GIB)
+    moved = now - timedelta(minutes=100)
+    LedgerChange.objects.create(node=node, component="process:postgres", label="process postgres",
+                                at=moved, before_bytes=2 * GIB, after_bytes=6 * GIB)
+    # Two runs of SparkOps in a 6 h range, an hour apart: nothing was collected before, between
+    # or after them but in the last half hour.
+    first_run, gap_from = now - timedelta(hours=2), now - timedelta(minutes=90)
+    second_run = now - timedelta(minutes=30)
+    _collected(node, first_run, gap_from)
+    _collected(node, second_run, now)
+
+    data = timeline(node, "6h", now, 2000, 5.0)
+
+    pool = _pairs(_series(data, "gemma:kv_pool"))
+    process = _pairs(_series(data, "process:postgres"))
+    for points in (pool, process):
+        known = [at for at, value in points if value is not None]
+        assert min(known) == first_run.isoformat()  # nothing before the first collection
+        breaks = [at for at, value in points if value is None]
+        assert len(breaks) == 1 and gap_from.isoformat() < breaks[0] < second_run.isoformat()
+    assert process == [(first_run.isoformat(), 2.0), (moved.isoformat(), 6.0),
+                       (gap_from.isoformat(), 6.0), (breaks[0], None),
+                       (second_run.isoformat(), 6.0), (now.isoformat(), 6.0)]
+    assert [value for _, value in pool] == [20.0, 20.0, None, 20.0, 20.0]
 
 
 def test_engine_holdings_prefer_nvml_and_rates_are_per_engine(node, now):
@@ -234,3 +278,17 @@ def test_timeline_json_needs_login_and_a_known_range(admin_client, node):
     data = admin_client.get("/api/nodes/spark-a/timeline.json?range=6h").json()
 
     assert data["range"] == "6h" and data["source"] == "1 min" and data["max_points"] == 2000
+
+
+def test_a_new_installs_chart_starts_at_its_first_collection(node, now):
+    first = now - timedelta(minutes=20)
+    Collection.objects.create(node=node, at=first, window_started_at=first, ok=True)
+
+    young = timeline(node, "6h", now, 2000, 5.0)
+    Collection.objects.create(node=node, at=now - timedelta(hours=7),
+                              window_started_at=now - timedelta(hours=7), ok=True)
+    older = timeline(node, "6h", now, 2000, 5.0)
+
+    assert young["shown_start"] == first.isoformat()
+    assert young["start"] == (now - timedelta(hours=6)).isoformat()  # the range itself stays
+    assert older["shown_start"] == older["start"]

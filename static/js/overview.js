@@ -45,7 +45,7 @@
         const span = document.createElement("span");
         span.className = "unknown";
         span.title = fig.unknown_reason || "";
-        span.textContent = "unknown";
+        span.textContent = fig.display;  // "unknown", or what stands in for a number ("no swap")
         value.appendChild(span);
         text(help, fig.unknown_reason || "");
       } else {
@@ -105,6 +105,10 @@
       .then(function (html) {
         const cards = document.getElementById("engine-cards");
         cards.innerHTML = html;
+        // The firing alerts lead the page, above the figures: the fragment's copy replaces them.
+        const fresh = cards.querySelector("#firing-alerts");
+        const shown = root.querySelector("#firing-alerts:not(#engine-cards *)");
+        if (fresh && shown) shown.replaceWith(fresh);
         times.refresh(cards);
         if (!document.hidden) delays.engines = interval;
       })

@@ -178,7 +178,8 @@
       legend: { orientation: "h", y: -0.04, yanchor: "top", x: 0 },
       uirevision: data.range, shapes: markerShapes(data), annotations: [], dragmode: "zoom",
     };
-    const range = state.userRange || [axisTime(data.start), axisTime(data.end)];
+    // A new install's axis starts at its first collection (shown_start), not an empty range.
+    const range = state.userRange || [axisTime(data.shown_start || data.start), axisTime(data.end)];
     panels.forEach(function (panel, i) {
       const x = axisName(i, "xaxis");
       const y = axisName(i, "yaxis");
@@ -235,7 +236,8 @@
       if (!axis || !axis.range) return;
       const current = state.data;
       const near = function (a, b) { return Math.abs(axis.r2l(a) - axis.r2l(axisTime(b))) < 1000; };
-      const full = near(axis.range[0], current.start) && near(axis.range[1], current.end);
+      const full = near(axis.range[0], current.shown_start || current.start) &&
+        near(axis.range[1], current.end);
       state.userRange = full ? null : axis.range.slice();
     });
   }
