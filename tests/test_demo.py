@@ -16,10 +16,10 @@ from collectors.engines import collect_engines
 from collectors.hostmemory import collect_host_memory, window_figures
 from collectors.ledger import update_ledger
 from collectors.meminfo import parse_meminfo
-from collectors.models import Engine, LedgerChange, Node
+from collectors.models import Engine, Event, LedgerChange, Node
 from collectors.procfs import Procfs
 from collectors.vllm.flags import parse_command_line
-from dashboard.alerting.models import RuleSetting
+from dashboard.alerting.models import Alert, RuleSetting
 from dashboard.alerting.pipeline import run_alerts
 from sparkops.demo.node import (
     GEMMA,
@@ -208,3 +208,103 @@ def test_squeeze_act_discovers_engines_and_fires_the_alert(node, docker_host, se
     assert LedgerChange.objects.filter(label="nemotron's KV pool", before_bytes=8 * k * MIB,
                                        after_bytes=24 * k * MIB).exists()
     assert any("FIRING" in line for line in said)
+
+
+# --- what the story leaves behind --------------------------------------------------------------
+class Silent:
+    def pause(self, seconds: float) -> None:
+        pass
+
+
+def _story(node, monkeypatch, launch):
+    from sparkops.demo.story import Story
+
+    story = Story(node=node, containers=None, scale=Scale(32), speed=1, pace=Silent(),
+                  say=lambda line: None, ports={GEMMA.name: 1, NEMOTRON.name: 2})
+    monkeypatch.setattr(story, "launch", launch)
+    monkeypatch.setattr(story, "wait_for_engines", lambda: True)
+    return story
+
+
+@pytest.mark.django_db
+def test_an_interrupted_story_puts_back_the_rule_settings_it_changed(node, monkeypatch):
+    from sparkops.demo.story import StoryInterrupted
+
+    RuleSetting.objects.create(rule="prefill-squeeze", for_seconds=30,
+                               thresholds={"margin_gib": 2.5})
+
+    def launch():
+        RuleSetting.objects.filter(rule="prefill-squeeze").update(
+            for_seconds=2, thresholds={"margin_gib": 0.05, "lookback_minutes": 2.0})
+        raise StoryInterrupted("stopped (Ctrl-C)")
+
+    with pytest.raises(StoryInterrupted):
+        _story(node, monkeypatch, launch).tell(["squeeze"])
+
+    setting = RuleSetting.objects.get(rule="prefill-squeeze")
+    assert (setting.for_seconds, setting.thresholds) == (30, {"margin_gib": 2.5})
+
+
+@pytest.mark.django_db
+def test_a_told_story_removes_the_rule_setting_it_created(node, monkeypatch):
+    story = _story(node, monkeypatch, lambda: None)
+    monkeypatch.setattr(story, "calibrate_squeeze", lambda: RuleSetting.objects.create(
+        rule="prefill-squeeze", thresholds={"margin_gib": 0.05}))
+    monkeypatch.setattr(story, "act_squeeze", lambda: None)
+
+    story.tell(["squeeze"])
+
+    assert not RuleSetting.objects.filter(rule="prefill-squeeze").exists()
+
+
+def test_the_calibration_says_whether_the_room_beats_the_measured_noise():
+    from sparkops.demo.story import noise_verdict, squeeze_margin, squeeze_room
+
+    scale = Scale(64)
+    need, neighbour_need = scale.bytes(GEMMA.prefill_gib), scale.bytes(NEMOTRON.prefill_gib)
+    growth = scale.neighbour_growth_bytes
+    margin, _ = squeeze_margin(17 * GIB, need, neighbour_need, growth)
+    before, after = squeeze_room(17 * GIB, margin, need, neighbour_need, growth)
+
+    assert after == scale.bytes(3) and before == growth - scale.bytes(3)
+    quiet = noise_verdict(16 * MIB, 5, before, after)
+    busy = noise_verdict(150 * MIB, 5, before, after)
+    assert "MemAvailable moved by 0.02 GiB across 5 collections" in quiet
+    assert "at least 3 times the noise on both sides" in quiet
+    assert "less than 3 times the noise" in busy and "--mib-per-gib" in busy
+
+
+@pytest.mark.django_db
+def test_a_rerun_s_fresh_containers_are_not_unplanned_restarts(node):
+    from datetime import timedelta
+
+    from dashboard.restarts.models import Restart
+    from dashboard.restarts.unplanned import PLANNED_SLACK, record_unplanned_restarts
+    from sparkops.demo.story import close_fresh_start, record_fresh_start
+
+    began = timezone.now()
+    engines = [Engine.objects.create(node=node, name=spec.name, container_id=spec.name * 8,
+                                     container_state="running", phase="ready",
+                                     started_at=began - timedelta(days=1))
+               for spec in (GEMMA, NEMOTRON)]
+    record_fresh_start(node, began)
+    for engine in engines:  # the previous run's containers vanish, new ones appear
+        Event.objects.create(node=node, engine=engine, kind="engine-gone",
+                             at=began + timedelta(seconds=5), message="gone")
+        Event.objects.create(node=node, engine=engine, kind="engine-restarted",
+                             at=began + timedelta(seconds=40), message="restarted")
+
+    assert record_unplanned_restarts(node, began + timedelta(seconds=45)) == []
+    run_alerts(node, began + timedelta(seconds=45))
+    assert not Restart.objects.filter(kind="unplanned").exists()
+    assert not Alert.objects.filter(rule="unplanned-restart").exists()
+
+    # Once SparkOps has seen them, the squeeze act's recreation is unplanned, as the story says.
+    close_fresh_start(node.pk, began + timedelta(seconds=60))
+    squeeze = began + timedelta(seconds=60) + PLANNED_SLACK + timedelta(seconds=30)
+    Event.objects.create(node=node, engine=engines[1], kind="engine-restarted", at=squeeze,
+                         message="restarted")
+    (recorded,) = record_unplanned_restarts(node, squeeze + timedelta(seconds=5))
+    assert recorded.engine.name == NEMOTRON.name
+    fresh = Restart.objects.filter(kind="planned")
+    assert fresh.count() == 2 and all(r.finished_at is not None for r in fresh)

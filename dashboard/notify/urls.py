@@ -12,4 +12,5 @@ urlpatterns: list[URLPattern] = [
     path("channels/<int:pk>/", views.channel_edit, name="channel-edit"),
     path("channels/<int:pk>/toggle/", views.channel_toggle, name="channel-toggle"),
     path("channels/<int:pk>/test/", views.channel_test, name="channel-test"),
+    path("channels/<int:pk>/delete/", views.channel_delete, name="channel-delete"),
 ]

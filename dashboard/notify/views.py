@@ -1,8 +1,8 @@
-"""Channel pages: list (any signed-in user), create, edit, enable/disable and send a test.
+"""Channel pages: list (any signed-in user), create, edit, enable/disable, delete and send a test.
 
 Views are thin: the form validates, ``outbox`` enqueues and delivers. Creating, editing,
-enabling and disabling a channel needs ``notify.change_channels`` (403 otherwise, and an
-audit row "refused" for a POST) and a POST with a CSRF token; each change writes an audit row
+enabling, disabling and deleting a channel needs ``notify.change_channels`` (403 otherwise, and
+an audit row "refused" for a POST) and a POST with a CSRF token; each change writes an audit row
 that names the channel and what changed, never its secret or the webhook URL's path and query.
 """
 
@@ -12,9 +12,11 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db import transaction
 from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from dashboard.audit.access import CHANGE_CHANNELS, guarded
@@ -28,6 +30,13 @@ CREATE_CHANNEL_ACTION = "create-channel"
 EDIT_CHANNEL_ACTION = "edit-channel"
 TOGGLE_CHANNEL_ACTION = "toggle-channel"
 TEST_CHANNEL_ACTION = "test-channel"
+DELETE_CHANNEL_ACTION = "delete-channel"
+# Written on each queued notification given up because its channel is deleted.
+DELETED_REASON = "given up: the channel was deleted"
+
+
+class ChannelBusy(Exception):
+    """A notification of the channel is being sent right now; the channel stays."""
 
 
 @login_required
@@ -135,3 +144,74 @@ def channel_test(request: HttpRequest, pk: int) -> HttpResponse:
     else:
         messages.error(request, outcome.message)
     return redirect("dashboard:channels")
+
+
+@guarded(CHANGE_CHANNELS, DELETE_CHANNEL_ACTION)
+def channel_delete(request: HttpRequest, pk: int) -> HttpResponse:
+    """GET: what deleting the channel would do, and a confirmation. POST: delete it.
+
+    Queued notifications (pending or retrying) are first given up with
+    :data:`DELETED_REASON`, by a conditional UPDATE on unclaimed rows, so no worker can claim one
+    afterwards; if a worker holds a live claim (a send in flight), nothing changes and the
+    deletion is refused until the send has finished. The channel then goes with its delivery
+    history (the rows cascade); the audit row keeps the counts.
+    """
+    channel = get_object_or_404(Channel.objects.select_related("node"), pk=pk)
+    if request.method != "POST":
+        return render(request, "notify/channel_delete.html",
+                      {"channel": channel, **_delivery_counts(channel)})
+    summary = channel_summary(channel)
+    try:
+        given_up, history = _delete_channel(channel)
+    except ChannelBusy:
+        reason = (f"channel {channel.name} is sending a notification right now; try again "
+                  "once it has finished")
+        audit(DELETE_CHANNEL_ACTION, allowed=True, user=request.user, node=channel.node,
+              outcome=f"failed: {reason}", details={"channel": channel.pk, **summary})
+        messages.error(request, f"Not deleted: {reason}.")
+        return redirect("dashboard:channels")
+    audit(DELETE_CHANNEL_ACTION, allowed=True, user=request.user, node=channel.node,
+          outcome=f"channel {summary['name']} ({summary['kind']}) deleted; {given_up} queued "
+                  f"notification{'s' if given_up != 1 else ''} given up",
+          details={"channel": pk, **summary, "given_up": given_up, "history_rows": history})
+    dropped = f"; {given_up} queued notifications were given up" if given_up else ""
+    messages.success(request, f"Deleted channel {summary['name']}{dropped}.")
+    return redirect("dashboard:channels")
+
+
+def _open(channel: Channel) -> Any:
+    return Notification.objects.filter(channel=channel, delivered_at__isnull=True,
+                                       failed_at__isnull=True)
+
+
+def _live_claim(now: Any) -> dict[str, Any]:
+    return {"claimed_at__isnull": False, "claimed_at__gte": now - outbox.LEASE}
+
+
+def _delivery_counts(channel: Channel) -> dict[str, int]:
+    """How many notifications would be given up, are being sent, and are history."""
+    now = timezone.now()
+    sending = _open(channel).filter(**_live_claim(now)).count()
+    return {"queued": _open(channel).count() - sending, "sending": sending,
+            "history": Notification.objects.filter(channel=channel).count()}
+
+
+def _delete_channel(channel: Channel) -> tuple[int, int]:
+    """Give up the channel's queued notifications and delete it; ``(given up, history rows)``.
+
+    Raises :class:`ChannelBusy`, changing nothing, while a live claim is held. A claim older
+    than ``outbox.LEASE`` belongs to a worker that died: a worker would reclaim it, so it is
+    given up like an unclaimed row.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        if _open(channel).filter(**_live_claim(now)).exists():
+            raise ChannelBusy(channel.name)
+        stale_or_free = _open(channel).exclude(**_live_claim(now))
+        given_up = stale_or_free.update(failed_at=now, last_error=DELETED_REASON)
+        # A worker that claimed a row between the check and the update makes the claim live.
+        if _open(channel).filter(**_live_claim(now)).exists():
+            raise ChannelBusy(channel.name)
+        history = Notification.objects.filter(channel=channel).count()
+        channel.delete()
+    return given_up, history

@@ -7,21 +7,25 @@ acceptable, and an invalid submission saves nothing.
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import available_timezones
 
 from django import forms
 from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Q
 from django.utils import timezone
 
 from collectors.models import Engine, Node
 from dashboard.restarts.models import RestartWindow
 from dashboard.restarts.windows import (
     MAX_DURATION_MINUTES,
+    WindowOccurrence,
     build_recurrence,
     check_window,
     current_or_next,
+    occurrences,
     resolve_zone,
     split_recurrence,
 )
@@ -32,6 +36,22 @@ NOW = "now"
 # Room for a ~10-minute start (or two, serialised) with margin.
 DEFAULT_DURATION_MINUTES = 120
 WINDOW_PREFIX = "window:"
+# Openings compared with the node's other windows: five weeks holds every weekly pattern and
+# the next opening of most monthly ones, and stays well inside the expansion bound.
+OVERLAP_HORIZON = timedelta(days=35)
+# Overlaps listed on the confirmation; one is enough to decide, a few show the pattern.
+OVERLAPS_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """One opening of the window being saved that overlaps one of ``other``'s (UTC)."""
+
+    other: RestartWindow
+    start: datetime
+    end: datetime
+    other_start: datetime
+    other_end: datetime
 
 
 class WallClockField(forms.DateTimeField):
@@ -81,9 +101,12 @@ class RestartWindowForm(forms.ModelForm):
     )
     engine = EngineChoiceField(Engine.objects.select_related("node"), required=False,
                                empty_label="every engine of the node")
+    confirm_overlap = forms.BooleanField(
+        required=False, label="Yes, save it although its openings overlap these windows")
 
     field_order = ["name", "node", "engine", "local_start", "time_zone", "rrule",
-                   "duration_minutes", "enabled"]
+                   "duration_minutes", "enabled", "confirm_overlap"]
+    OVERLAP_DAYS = OVERLAP_HORIZON.days
 
     class Meta:
         model = RestartWindow
@@ -100,6 +123,7 @@ class RestartWindowForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         self.now = now
         self.fields["node"].queryset = Node.objects.all()
+        self.overlaps: list[Overlap] = []
 
     @staticmethod
     def zone_names() -> list[str]:
@@ -122,12 +146,45 @@ class RestartWindowForm(forms.ModelForm):
         try:
             recurrence = build_recurrence(cleaned["local_start"], cleaned["time_zone"],
                                           cleaned["rrule"])
-            check_window(recurrence, cleaned["duration_minutes"], self.now)
+            first = check_window(recurrence, cleaned["duration_minutes"], self.now)
         except ValueError as error:
             self.add_error("rrule", str(error))
             return cleaned
         cleaned["recurrence"] = recurrence
+        self._confirm_overlaps(cleaned, first)
         return cleaned
+
+    def _confirm_overlaps(self, cleaned: dict[str, Any], first: WindowOccurrence) -> None:
+        """Refuse, until ``confirm_overlap`` is ticked, a window whose openings overlap those of
+        another enabled window for the same node and engine: two windows that overlap usually
+        mean one was meant to replace the other, and either would let a restart start."""
+        if not cleaned.get("enabled") or cleaned.get("node") is None:
+            return
+        candidate = RestartWindow(recurrence=cleaned["recurrence"],
+                                  duration_minutes=cleaned["duration_minutes"])
+        self.overlaps = overlapping_openings(candidate, cleaned["node"], cleaned.get("engine"),
+                                             first.start, exclude=self.instance.pk)
+        if self.overlaps and not cleaned.get("confirm_overlap"):
+            names = ", ".join(dict.fromkeys(overlap.other.name for overlap in self.overlaps))
+            self.add_error("confirm_overlap", f"Its openings overlap those of window {names} "
+                           "(listed below); tick the box to save it anyway.")
+
+    def needs_confirmation(self) -> bool:
+        """Whether the page should show the overlap confirmation."""
+        return bool(self.overlaps) and "confirm_overlap" in self.errors
+
+    def overlap_rows(self) -> list[dict[str, str]]:
+        """The overlaps for the page, each opening in its own window's zone, zone named."""
+        rows = []
+        zone = resolve_zone(self.cleaned_data.get("time_zone") or "UTC")
+        for overlap in self.overlaps:
+            other_zone = resolve_zone(overlap.other.time_zone)
+            rows.append({
+                "other": overlap.other.name,
+                "this": _span(overlap.start, overlap.end, zone),
+                "theirs": _span(overlap.other_start, overlap.other_end, other_zone),
+            })
+        return rows
 
     def save_window(self, user: AbstractBaseUser | None) -> RestartWindow:
         """Save the window with its built recurrence; ``user`` is recorded on creation."""
@@ -188,6 +245,52 @@ def plannable_engines(node: Node) -> list[Engine]:
     """Engines of ``node`` a plan may name: present, and enabled for management."""
     present = Engine.objects.filter(node=node, present=True).select_related("node")
     return [engine for engine in present if engine.manageable]
+
+
+def overlapping_openings(candidate: RestartWindow, node: Node, engine: Engine | None,
+                         since: datetime, *, exclude: int | None = None) -> list[Overlap]:
+    """Openings of ``candidate`` in the :data:`OVERLAP_HORIZON` from ``since`` (its current or
+    next opening) that overlap an opening of
+    another enabled window of ``node`` applying to the same engines (a node window applies to
+    every engine), at most :data:`OVERLAPS_SHOWN`, earliest first.
+
+    A stored window that can no longer be expanded is skipped (its page says why). Cost: one
+    query, and one bounded expansion per window of the node.
+    """
+    others = RestartWindow.objects.filter(node=node, enabled=True).exclude(pk=exclude)
+    if engine is not None:
+        others = others.filter(Q(engine__isnull=True) | Q(engine=engine))
+    end = since + OVERLAP_HORIZON
+    mine = occurrences(candidate, since, end)
+    found: list[Overlap] = []
+    for other in others.order_by("name", "pk"):
+        try:
+            theirs = occurrences(other, since, end)
+        except ValueError:
+            continue
+        found += [Overlap(other, a.start, a.end, b.start, b.end)
+                  for a, b in _overlapping_pairs(mine, theirs)]
+    found.sort(key=lambda overlap: overlap.start)
+    return found[:OVERLAPS_SHOWN]
+
+
+def _overlapping_pairs(mine: list[WindowOccurrence], theirs: list[WindowOccurrence]
+                       ) -> list[tuple[WindowOccurrence, WindowOccurrence]]:
+    """Pairs that overlap, by a merge of the two sorted lists: linear, not quadratic."""
+    pairs, j = [], 0
+    for a in mine:
+        while j < len(theirs) and theirs[j].end <= a.start:
+            j += 1
+        k = j
+        while k < len(theirs) and theirs[k].start < a.end:
+            pairs.append((a, theirs[k]))
+            k += 1
+    return pairs
+
+
+def _span(start: datetime, end: datetime, zone: Any) -> str:
+    local_start, local_end = start.astimezone(zone), end.astimezone(zone)
+    return f"{local_start:%a %Y-%m-%d %H:%M}–{local_end:%H:%M} {zone.key}"
 
 
 def _window_initial(window: RestartWindow) -> dict[str, Any]:

@@ -71,6 +71,21 @@ MONTH_DAYS = {1: 31, 2: 29, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10:
 # Around the local range asked for: one day absorbs any UTC offset and daylight-saving fold.
 LOCAL_PADDING = timedelta(days=1)
 LOCAL_FORMAT = "%Y%m%dT%H%M%S"
+FREQUENCIES = ("YEARLY", "MONTHLY", "WEEKLY", "DAILY", "HOURLY", "MINUTELY", "SECONDLY")
+WEEKDAYS = ("MO", "TU", "WE", "TH", "FR", "SA", "SU")
+# RFC 5545's RRULE parts, and BYEASTER, a python-dateutil extension it accepts.
+RULE_NAMES = ("FREQ", "UNTIL", "COUNT", "INTERVAL", "BYSECOND", "BYMINUTE", "BYHOUR", "BYDAY",
+              "BYMONTHDAY", "BYYEARDAY", "BYWEEKNO", "BYMONTH", "BYSETPOS", "WKST", "BYEASTER")
+BYDAY_ITEM = re.compile(r"^[+-]?(?:[1-9]|[1-4]\d|5[0-3])?(?:MO|TU|WE|TH|FR|SA|SU)$")
+UNTIL_VALUE = re.compile(r"^\d{8}(?:T\d{6}Z?)?$")
+# (lowest, highest, may be negative) of each number-list part (RFC 5545 §3.3.10).
+NUMBER_RANGES = {"BYSECOND": (0, 60, False), "BYMINUTE": (0, 59, False),
+                 "BYHOUR": (0, 23, False), "BYMONTH": (1, 12, False),
+                 "BYMONTHDAY": (1, 31, True), "BYYEARDAY": (1, 366, True),
+                 "BYWEEKNO": (1, 53, True), "BYSETPOS": (1, 366, True),
+                 "BYEASTER": (0, 366, True)}
+# Out-of-range days and weeks are refused by _refuse_impossible_dates, which names the months.
+UNRANGED_HERE = {"BYMONTHDAY", "BYYEARDAY", "BYWEEKNO"}
 DTSTART_LINE = re.compile(r"^DTSTART;TZID=(?P<zone>[^:;\s]+):(?P<local>\d{8}T\d{6})$")
 
 
@@ -146,6 +161,7 @@ def parse_recurrence(text: str) -> rrule:
     """
     _, zone_name, rule = split_recurrence(text)
     resolve_zone(zone_name)
+    _check_rule_syntax(rule)
     parts = _rule_parts(rule)
     if parts.get("COUNT") == "0":
         raise ValueError("COUNT=0 gives no occurrence at all; leave COUNT out to repeat forever.")
@@ -157,7 +173,10 @@ def parse_recurrence(text: str) -> rrule:
     try:
         parsed = rrulestr(text, tzids=resolve_zone)
     except (ValueError, TypeError, KeyError) as error:
-        raise ValueError(f"Not a valid RRULE ({error}). Example: FREQ=WEEKLY;BYDAY=SU.") from None
+        # _check_rule_syntax has named every malformed part; what is left is dateutil's verdict
+        # on a combination (UNTIL without Z, for instance).
+        raise ValueError(f"{rule} is not a rule this calendar can read: {error}. Example: "
+                         "FREQ=WEEKLY;BYDAY=SU.") from None
     if not isinstance(parsed, rrule):
         raise ValueError("Give one RRULE line.")
     return parsed
@@ -394,6 +413,84 @@ def _normalise_rule(rrule_line: str) -> str:
                          "and zone have their own fields.")
     # RRULE names and values are case-insensitive (RFC 5545 §3.1); dateutil wants upper case.
     return rule.upper()
+
+
+def _check_rule_syntax(rule: str) -> None:
+    """ValueError, in words naming the part at fault, for an RRULE line that is not well formed.
+
+    Checks what RFC 5545 §3.3.10 spells out for each part: NAME=VALUE pairs separated by ";",
+    each name known and given once, FREQ present, and each value of the kind its name takes
+    (a frequency, a positive number, a weekday list, a number list within its range, a UTC date).
+    Cost: linear in the length of the line.
+    """
+    seen: set[str] = set()
+    for part in rule.split(";"):
+        if not part.strip():
+            raise ValueError(f"{rule} has an empty part: remove the extra \";\" (parts are "
+                             "NAME=VALUE, separated by one \";\").")
+        name, equals, value = (piece.strip() for piece in part.partition("="))
+        if not equals or not name:
+            raise ValueError(f"In {rule}, {part.strip()} is not NAME=VALUE (e.g. BYDAY=SU).")
+        if name not in RULE_NAMES:
+            raise ValueError(f"In {rule}, {name} is not an RRULE part; known parts: "
+                             f"{', '.join(RULE_NAMES)}.")
+        if name in seen:
+            raise ValueError(f"In {rule}, {name} is given twice; give it once (a list is "
+                             "comma-separated, e.g. BYDAY=SA,SU).")
+        seen.add(name)
+        problem = _value_problem(name, value)
+        if problem:
+            raise ValueError(f"In {rule}, {name}={value}: {problem}.")
+    if "FREQ" not in seen:
+        raise ValueError(f"{rule} has no FREQ: say how often it repeats, e.g. "
+                         f"FREQ=WEEKLY;{rule}.")
+
+
+def _value_problem(name: str, value: str) -> str:
+    """What is wrong with ``value`` as the value of RRULE part ``name``; empty if nothing."""
+    if not value:
+        return "the value is missing"
+    if name == "FREQ":
+        return "" if value in FREQUENCIES else f"FREQ is one of {', '.join(FREQUENCIES)}"
+    if name in ("COUNT", "INTERVAL"):
+        return "" if value.isdigit() and (int(value) > 0 or name == "COUNT") \
+            else f"{name} is a whole number of at least 1"
+    if name == "WKST":
+        return "" if value in WEEKDAYS else f"WKST is a weekday: {', '.join(WEEKDAYS)}"
+    if name == "UNTIL":
+        return _until_problem(value)
+    items = value.split(",")
+    if name == "BYDAY":
+        wrong = [item for item in items if not BYDAY_ITEM.match(item.strip())]
+        return f"{', '.join(repr(w) for w in wrong)} is not a weekday such as SU, MO or 1SA " \
+               "(the first Saturday) or -1FR (the last Friday)" if wrong else ""
+    low, high, signed = NUMBER_RANGES[name]
+    for item in items:
+        item = item.strip()
+        if not item.lstrip("+-" if signed else "").isdigit():
+            return f"{item!r} is not a whole number"
+        number = int(item)
+        if name in UNRANGED_HERE:
+            if number == 0:
+                return f"{name} counts from 1 (or from -1 backwards); 0 is none"
+        elif not (low <= abs(number) <= high if signed else low <= number <= high):
+            sign = f" or -{high} to -{low}" if signed else ""
+            return f"{item} is outside {low} to {high}{sign}"
+    return ""
+
+
+def _until_problem(value: str) -> str:
+    """UNTIL must be a date (YYYYMMDD) or a UTC date and time (YYYYMMDDTHHMMSSZ)."""
+    if not UNTIL_VALUE.match(value):
+        return "UNTIL is a date such as 20271231, or a UTC time such as 20271231T235959Z"
+    if "T" in value and not value.endswith("Z"):
+        # The start names its zone, so RFC 5545 wants UNTIL in UTC, marked with Z.
+        return f"UNTIL must be in UTC: end it with Z ({value}Z)"
+    try:
+        _parse_until(value)
+    except ValueError:
+        return "UNTIL is not a real date and time"
+    return ""
 
 
 def _refuse_unbounded(parts: dict[str, str]) -> None:

@@ -21,10 +21,11 @@ from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 
 from collectors.models import Node
 from sparkops.demo.node import DemoError, PodmanService, Scale
-from sparkops.demo.story import Story, StoryInterrupted
+from sparkops.demo.story import Story, StoryInterrupted, close_fresh_start, record_fresh_start
 
 # Lines of the stack's log shown when the demo ends in a failure.
 LOG_TAIL_LINES = 20
@@ -66,6 +67,8 @@ def run_demo(*, node: Node, scale: Scale, speed: float, acts: Iterable[str], bin
     stack: subprocess.Popen[bytes] | None = None
     log_path = settings.DATA_DIR / "demo-stack.log"
     failed = False
+    # Before the stack collects: the previous run's containers vanish when the service starts.
+    record_fresh_start(node, timezone.now())
     try:
         url = service.start()
         os.environ["SPARKOPS_DOCKER_HOST"] = url
@@ -87,6 +90,7 @@ def run_demo(*, node: Node, scale: Scale, speed: float, acts: Iterable[str], bin
         complain(f"demo: {error}")
     finally:
         say("Stopping the stack, removing the demo containers and the Podman service…")
+        close_fresh_start(node.pk, timezone.now())
         stop_stack(stack)
         try:
             service.stop()

@@ -17,7 +17,9 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
 from typing import Any, Protocol
 
 from django.conf import settings
@@ -61,8 +63,17 @@ ENGINE_READY_SECONDS = 120.0
 DISCOVERY_SECONDS = 120.0
 ALERT_SECONDS = 120.0
 RESTART_SECONDS = 30 * 60.0
-# The margin is calibrated from the median headroom of this many collections.
-CALIBRATION_SAMPLES = 3
+# The margin is calibrated from the median headroom of this many collections; their spread
+# (highest − lowest) is the machine's own noise, which other programs make.
+CALIBRATION_SAMPLES = 5
+# The headroom after the growth should sit at least this many spreads from either need, so
+# that the machine's noise neither hides the squeeze nor squeezes the neighbour too.
+NOISE_SPREADS = 3
+# RuleSetting fields the demo may change; they are put back as found when the story ends.
+RESTORED_FIELDS = ("enabled", "for_seconds", "repeat_seconds", "thresholds", "updated_at",
+                   "updated_by")
+FRESH_START_REASON = ("Demo: fresh containers for this run of the demo (the demo removed the "
+                      "previous run's and creates its engines anew)")
 # The squeeze act's cause look-back: the alert fires within about a minute of the growth.
 CAUSE_LOOKBACK_MINUTES = 2.0
 
@@ -221,10 +232,12 @@ class Story:
                      "in the ledger yet); the squeeze act may not raise an alert.")
             return None
         headroom = int(statistics.median(samples))
+        spread = max(samples) - min(samples)
         need = at_risk["prefill_need"]
         neighbour_need = (neighbour or {}).get("prefill_need") or 0
         growth = self.scale.neighbour_growth_bytes
         margin, hysteresis = squeeze_margin(headroom, need, neighbour_need, growth)
+        before_room, after_room = squeeze_room(headroom, margin, need, neighbour_need, growth)
         margin_gib, hysteresis_gib = round(margin / GIB, 3), round(hysteresis / GIB, 3)
         setting, _ = RuleSetting.objects.get_or_create(rule=SQUEEZE_RULE)
         # Causes are looked for only since just before this act, so that the engines' first
@@ -245,6 +258,7 @@ class Story:
             f"neighbour will grow by {_gib(growth)}: with the margin at {margin_gib:.3f} GiB "
             f"(hysteresis {hysteresis_gib:.3f} GiB) the scaled growth does the same here. "
             f"Causes are looked for in the last {CAUSE_LOOKBACK_MINUTES:g} minutes.")
+        self.say(noise_verdict(spread, len(samples), before_room, after_room))
         return margin_gib
 
     def _open_squeeze(self) -> Alert | None:
@@ -373,19 +387,102 @@ class Story:
         return restart
 
     def tell(self, acts: Iterable[str]) -> None:
-        """Launch the engines, wait for SparkOps to see them, and play ``acts`` in order."""
+        """Launch the engines, wait for SparkOps to see them, and play ``acts`` in order.
+
+        Every rule setting the story changes is put back as it was when the story ends or is
+        interrupted (:func:`settings_restored`); the demo's fresh-start record (see
+        :func:`record_fresh_start`) is closed once SparkOps has seen the new containers, so
+        the squeeze act's recreation counts as the unplanned restart it is.
+        """
         chosen = [act for act in ACTS if act in set(acts)]
-        self.launch()
-        self.wait_for_engines()
-        self.act_steady()
-        for act in chosen:
-            if act == "squeeze":
-                self.calibrate_squeeze()
-                self.act_squeeze()
-            elif act == "document":
-                self.act_document()
-            elif act == "restart":
-                self.act_restart()
+        with settings_restored(self.say):
+            try:
+                self.launch()
+                self.wait_for_engines()
+            finally:
+                close_fresh_start(self.node_id, timezone.now())
+            self.act_steady()
+            for act in chosen:
+                if act == "squeeze":
+                    self.calibrate_squeeze()
+                    self.act_squeeze()
+                elif act == "document":
+                    self.act_document()
+                elif act == "restart":
+                    self.act_restart()
+
+
+@contextmanager
+def settings_restored(say: Callable[[str], None]) -> Iterator[None]:
+    """Put the story's rule settings back as they were on entry, however the block ends.
+
+    The calibrated margin fits one moment of one machine: left in place it would keep firing on
+    noise. A row the story created is deleted; a changed one gets its fields back.
+    """
+    before = {row["rule"]: row for row in RuleSetting.objects.filter(rule=SQUEEZE_RULE)
+              .values("rule", *[f"{name}_id" if name == "updated_by" else name
+                                for name in RESTORED_FIELDS])}
+    try:
+        yield
+    finally:
+        restore_rule_settings(before)
+        say("The prefill-squeeze rule's settings are back as they were before the story.")
+
+
+def restore_rule_settings(before: dict[str, dict[str, Any]]) -> None:
+    """Make the story's rule settings what ``before`` (``values()`` rows by rule) holds."""
+    for rule in (SQUEEZE_RULE,):
+        row = before.get(rule)
+        if row is None:
+            RuleSetting.objects.filter(rule=rule).delete()
+        else:
+            RuleSetting.objects.filter(rule=rule).update(
+                **{key: value for key, value in row.items() if key != "rule"})
+
+
+def record_fresh_start(node: Node, began: datetime) -> list[Restart]:
+    """Record the demo's own recreation of its engines as planned, before SparkOps collects.
+
+    A re-run removes the previous run's containers and starts new ones of the same names: to
+    the collectors that is an engine gone and restarted behind their back. A planned restart
+    row per engine SparkOps already knows, open from ``began``, explains those events (see
+    :mod:`dashboard.restarts.unplanned`); :func:`close_fresh_start` ends it once the new
+    containers are seen. A first run knows no engines and records nothing.
+    """
+    engines = Engine.objects.filter(node=node, name__in=[spec.name for spec in ENGINES])
+    # Not "running": that status belongs to the runbook, whose watchdog would mark a row
+    # without heartbeats interrupted, and it would hold the node's one-restart-at-a-time turn.
+    return [Restart.objects.create(
+        node=node, engine=engine, kind=Restart.Kind.PLANNED, status=Restart.Status.SUCCEEDED,
+        requested_at=began, started_at=began, reason=FRESH_START_REASON, worker="demo",
+        outcome="The demo recreates this engine's container.") for engine in engines]
+
+
+def close_fresh_start(node_id: int, now: datetime) -> None:
+    """End the open fresh-start records of the node's demo engines (see
+    :func:`record_fresh_start`); later events are judged as usual."""
+    Restart.objects.filter(node_id=node_id, kind=Restart.Kind.PLANNED, reason=FRESH_START_REASON,
+                           finished_at__isnull=True).update(
+        finished_at=now, outcome="The demo's fresh container is running.")
+
+
+def squeeze_room(headroom: int, margin: int, need: int, neighbour_need: int,
+                 growth: int) -> tuple[int, int]:
+    """``(before, after)``: how far the headroom less the margin stays above gemma's need
+    before the growth, and how far it stays from the nearer need after it (bytes)."""
+    after = headroom - margin - growth
+    return headroom - margin - need, min(need - after, after - neighbour_need)
+
+
+def noise_verdict(spread: int, samples: int, before_room: int, after_room: int) -> str:
+    """The act's line on the machine's measured noise against the calibrated room."""
+    measured = (f"MemAvailable moved by {_gib(spread)} across {samples} collections (the "
+                f"machine's own noise); the headroom keeps {_gib(before_room)} of room before "
+                f"the growth and {_gib(after_room)} after it")
+    if after_room >= NOISE_SPREADS * spread and before_room >= NOISE_SPREADS * spread:
+        return f"{measured}: at least {NOISE_SPREADS} times the noise on both sides."
+    return (f"{measured}: less than {NOISE_SPREADS} times the noise, so other programs may "
+            "hide the squeeze or fire it early; a larger --mib-per-gib gives more room.")
 
 
 def squeeze_margin(headroom: int, need: int, neighbour_need: int,

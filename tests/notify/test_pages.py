@@ -35,6 +35,7 @@ def _webhook_form(url: str, **extra: str) -> dict[str, str]:
 @pytest.mark.parametrize(("method", "name", "args"), [
     ("get", "channels", []), ("get", "channel-new", []), ("get", "channel-edit", [1]),
     ("post", "channel-test", [1]), ("post", "channel-toggle", [1]),
+    ("get", "channel-delete", [1]), ("post", "channel-delete", [1]),
 ])
 def test_anonymous_users_are_sent_to_login(client, db, method, name, args):
     response = getattr(client, method)(reverse(f"dashboard:{name}", args=args))

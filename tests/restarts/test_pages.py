@@ -297,7 +297,8 @@ def test_an_operator_creates_a_window_through_the_form(operator_client, node):
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
-    ("rrule", "FREQ=WEKLY", "Not a valid RRULE"),
+    ("rrule", "FREQ=WEKLY", "FREQ=WEKLY: FREQ is one of YEARLY"),
+    ("rrule", "FREQ=HOURLY;BYDAY", "BYDAY is not NAME=VALUE"),
     ("time_zone", "Seoul", "Unknown time zone"),
     ("duration_minutes", "0", "greater than or equal to 1"),
     ("rrule", "FREQ=WEEKLY;COUNT=1;BYDAY=SU", "no occurrence from now on"),
@@ -311,6 +312,63 @@ def test_a_bad_window_is_refused_with_the_reason(operator_client, node, field, v
     assert response.status_code == 400
     assert message in response.content.decode()
     assert not RestartWindow.objects.exists()
+
+
+def _window_post(node, **extra: str) -> dict[str, str]:
+    return {"name": "saturday night", "node": node.pk, "engine": "", "enabled": "on",
+            "local_start": "2036-11-02T04:00", "time_zone": "Asia/Seoul",
+            "rrule": "FREQ=WEEKLY;BYDAY=SU", "duration_minutes": "60", **extra}
+
+
+def test_a_window_overlapping_another_asks_for_confirmation_first(operator_client, node):
+    # Sundays 03:00-05:00 Seoul; the new one, Sundays 04:00-05:00 Seoul, overlaps every week.
+    make_window(node, name="sunday night", local_start=FAR_SUNDAY, minutes=120)
+
+    first = operator_client.post(reverse("dashboard:window-new"), _window_post(node))
+
+    assert first.status_code == 400
+    page = first.content.decode()
+    assert 'id="window-overlap"' in page and "tick the box to save it anyway" in page
+    assert ("Sun 2036-11-02 04:00–05:00 Asia/Seoul overlaps window sunday night, "
+            "Sun 2036-11-02 03:00–05:00 Asia/Seoul") in page
+    assert RestartWindow.objects.count() == 1
+
+    confirmed = operator_client.post(reverse("dashboard:window-new"),
+                                     _window_post(node, confirm_overlap="on"))
+
+    assert confirmed.status_code == 302
+    assert RestartWindow.objects.filter(name="saturday night").exists()
+
+
+def test_windows_that_do_not_overlap_need_no_confirmation(operator_client, node):
+    make_window(node, name="sunday night", local_start=FAR_SUNDAY, minutes=60)
+    other_engine = make_window(node, name="gemma only", local_start=FAR_SUNDAY, minutes=120)
+    other_engine.engine = make_engine(node, "gemma")
+    other_engine.save()
+    nemotron = make_engine(node, "nemotron")
+
+    # 04:00-05:00 meets the node window's 03:00-04:00 end; the gemma-only window is another
+    # engine's, and a disabled window is no window.
+    after = operator_client.post(reverse("dashboard:window-new"),
+                                 _window_post(node, engine=str(nemotron.pk)))
+    disabled = operator_client.post(reverse("dashboard:window-new"),
+                                    _window_post(node, name="off", enabled="",
+                                                 local_start="2036-11-02T03:30"))
+
+    assert (after.status_code, disabled.status_code) == (302, 302)
+
+
+def test_editing_a_window_does_not_overlap_with_itself(operator_client, node):
+    window = make_window(node, name="sunday night", local_start=FAR_SUNDAY, minutes=120)
+
+    response = operator_client.post(reverse("dashboard:window-edit", args=[window.pk]),
+                                    _window_post(node, name="sunday night",
+                                                 local_start="2036-11-02T03:00",
+                                                 duration_minutes="90"))
+
+    assert response.status_code == 302
+    window.refresh_from_db()
+    assert window.duration_minutes == 90
 
 
 def test_the_edit_form_shows_the_stored_rule_in_its_parts(operator_client, node):

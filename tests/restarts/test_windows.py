@@ -82,11 +82,12 @@ def test_current_or_next_gives_the_open_occurrence_then_the_following_one(node):
 
 
 @pytest.mark.parametrize(("zone", "rule", "message"), [
-    ("Asia/Seoul", "FREQ=WEKLY;BYDAY=SU", "Not a valid RRULE (invalid 'FREQ': WEKLY)"),
-    ("Asia/Seoul", "FREQ=WEEKLY;BYDAY=XX", "Not a valid RRULE (invalid 'BYDAY': XX)"),
+    ("Asia/Seoul", "FREQ=WEKLY;BYDAY=SU", "FREQ=WEKLY: FREQ is one of YEARLY, MONTHLY"),
+    ("Asia/Seoul", "FREQ=WEEKLY;BYDAY=XX", "BYDAY=XX: 'XX' is not a weekday such as SU"),
     ("Asia/Seoul", "FREQ=WEEKLY;COUNT=0", "COUNT=0 gives no occurrence at all"),
     ("Asia/Seoul", "FREQ=MINUTELY", "recurs at most hourly"),
-    ("Asia/Seoul", "FREQ=WEEKLY;UNTIL=20271231T000000", "UNTIL values must be specified in UTC"),
+    ("Asia/Seoul", "FREQ=WEEKLY;UNTIL=20271231T000000",
+     "UNTIL must be in UTC: end it with Z (20271231T000000Z)"),
     ("Asia/Seoul", "DTSTART:20261101T030000\nRRULE:FREQ=WEEKLY", "Give only the RRULE line"),
     ("Asia/Seoul", "", "Give a recurrence rule"),
     ("Mars/Olympus_Mons", "FREQ=WEEKLY", "Unknown time zone 'Mars/Olympus_Mons'"),
@@ -97,6 +98,32 @@ def test_bad_rules_and_zones_are_refused_with_a_message(zone, rule, message):
         build_recurrence(datetime(2026, 11, 1, 3, 0), zone, rule)
 
     assert message in str(refused.value)
+
+
+@pytest.mark.parametrize(("rule", "message"), [
+    ("FREQ=HOURLY;BYDAY", "In FREQ=HOURLY;BYDAY, BYDAY is not NAME=VALUE"),
+    ("FREQ=WEEKLY;;BYDAY=SU", "has an empty part: remove the extra \";\""),
+    ("FREQ=WEEKLY;BYDAY=SU;", "has an empty part"),
+    ("BYDAY=SU", "BYDAY=SU has no FREQ: say how often it repeats, e.g. FREQ=WEEKLY;BYDAY=SU"),
+    ("FREQ=WEEKLY;COLOR=RED", "COLOR is not an RRULE part"),
+    ("FREQ=WEEKLY;BYDAY=SU;BYDAY=MO", "BYDAY is given twice"),
+    ("FREQ=WEEKLY;BYDAY=", "BYDAY=: the value is missing"),
+    ("FREQ=WEEKLY;INTERVAL=0", "INTERVAL=0: INTERVAL is a whole number of at least 1"),
+    ("FREQ=WEEKLY;COUNT=two", "COUNT=TWO: COUNT is a whole number of at least 1"),
+    ("FREQ=DAILY;BYHOUR=24", "BYHOUR=24: 24 is outside 0 to 23"),
+    ("FREQ=YEARLY;BYMONTH=13", "BYMONTH=13: 13 is outside 1 to 12"),
+    ("FREQ=MONTHLY;BYMONTHDAY=1,X", "BYMONTHDAY=1,X: 'X' is not a whole number"),
+    ("FREQ=MONTHLY;BYMONTHDAY=0", "BYMONTHDAY counts from 1"),
+    ("FREQ=WEEKLY;WKST=XX", "WKST=XX: WKST is a weekday"),
+    ("FREQ=WEEKLY;UNTIL=next-year", "UNTIL is a date such as 20271231"),
+    ("FREQ=WEEKLY;UNTIL=20271332", "UNTIL is not a real date"),
+])
+def test_every_malformed_rule_is_refused_naming_the_part_at_fault(rule, message):
+    with pytest.raises(ValueError) as refused:
+        build_recurrence(datetime(2026, 11, 1, 3, 0), "Asia/Seoul", rule)
+
+    assert message in str(refused.value)
+    assert "unpack" not in str(refused.value)
 
 
 @pytest.mark.parametrize("minutes", [0, 24 * 60 + 1])
