@@ -96,6 +96,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "dashboard.zone.ViewerZoneMiddleware",
     # Last, so it can turn a locked-out login into the lockout page (axes' documented place).
     "axes.middleware.AxesMiddleware",
 ]

@@ -275,10 +275,11 @@ def test_overview_tells_the_story_on_one_timeline_and_zoom_moves_every_panel(
     assert "1 firing alert" in strip and "prefill-squeeze" in strip
     assert "nemotron-120b's KV pool went 8.00 → 24.00 GiB" in strip
     # Times are relative, with the exact time in the viewer's zone as a tooltip.
-    collected = page.locator("#collected-at")
+    collected = page.locator("#collected-at time")
     assert re.fullmatch(r"just now|\d+ min ago", collected.inner_text())
     seoul = now.astimezone(ZoneInfo("Asia/Seoul"))
-    assert f"{seoul.hour % 12 or 12}:{seoul.minute:02d}" in collected.get_attribute("title")
+    assert f"{seoul:%Y-%m-%d %H:%M}" in collected.get_attribute("title")
+    assert collected.get_attribute("title").endswith(" KST")
 
     # Every panel has its data: markers, headroom, ledger steps, KV usage, prefill and decode.
     traces = page.evaluate("document.getElementById('timeline').data.map(t => t.meta)")

@@ -8,7 +8,7 @@ Changes are POST with CSRF and each one writes an audit row.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.contrib import messages
@@ -106,13 +106,18 @@ def silence_new(request: HttpRequest) -> HttpResponse:
     audit(CREATE_SILENCE_ACTION, allowed=True, user=request.user, node=silence.node,
           engine=silence.engine,
           outcome=f"silence #{silence.pk} of {silence.matcher_text} until "
-                  f"{timezone.localtime(silence.ends_at):%Y-%m-%d %H:%M}",
+                  f"{_utc_text(silence.ends_at)}",
           details={"silence": silence.pk, "rule": silence.rule, "reason": silence.reason,
                    "starts_at": silence.starts_at.isoformat(),
                    "ends_at": silence.ends_at.isoformat(), "broad": form.broad})
     messages.success(request, f"Silence #{silence.pk} of {silence.matcher_text} is active "
-                              f"until {timezone.localtime(silence.ends_at):%Y-%m-%d %H:%M}.")
+                              f"until {_utc_text(silence.ends_at)}.")
     return redirect("dashboard:silences")
+
+
+def _utc_text(moment: datetime) -> str:
+    # Stored (audit) and flashed text is written once for every reader: in UTC, labelled.
+    return f"{moment.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
 
 
 @require_POST

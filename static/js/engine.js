@@ -8,7 +8,7 @@
   let range = root.dataset.range;
   let timer = null;
   let delay = 15000;
-  const axisTime = window.SparkOps.times.axis;  // the viewer's wall-clock time (timeline.js)
+  const axisTime = window.SparkOps.clock.axis;  // the viewer's wall-clock time (clock.js)
   const GRID = "#26313d";
 
   // Panels top to bottom: [axis, title, unit, domain]. Each series goes to its panel by key.
@@ -63,7 +63,9 @@
       paper_bgcolor: "#0f1419", plot_bgcolor: "#18202a", font: { color: "#e6edf3" },
       margin: { l: 64, r: 20, t: 24, b: 40 }, legend: { orientation: "h" }, shapes: shapes,
       annotations: [], uirevision: range,
-      xaxis: { type: "date", range: [axisTime(data.start), axisTime(data.end)], gridcolor: GRID, anchor: "y5" },
+      xaxis: { type: "date", range: [axisTime(data.start), axisTime(data.end)], gridcolor: GRID, anchor: "y5",
+               hoverformat: window.SparkOps.clock.HOVER,
+               title: { text: window.SparkOps.clock.axisTitle([data.start, data.end]), standoff: 4 } },
     };
     PANELS.forEach(function (panel) {
       const name = "yaxis" + panel[0].slice(1);

@@ -21,9 +21,9 @@
   function renderCollectedAt(at) {
     const el = document.getElementById("collected-at");
     if (!el) return;
-    if (!at) { el.removeAttribute("datetime"); text(el, "never"); return; }
-    el.setAttribute("datetime", at);
-    times.refresh(el.parentNode);
+    if (!at) { text(el, "never"); return; }
+    el.replaceChildren(window.SparkOps.clock.element(at, true));
+    times.refresh(el);
   }
 
   function renderHeadroom(data) {
@@ -64,7 +64,7 @@
     if (failures.length) {
       const last = failures[failures.length - 1];
       message += " " + failures.length + " failed collection(s) in range (gaps); latest at " +
-        new Date(last.at).toLocaleString() + ": " + last.error;
+        window.SparkOps.clock.format(last.at) + ": " + last.error;
     }
     note.textContent = message;
   }

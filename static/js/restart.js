@@ -21,8 +21,10 @@
     return h ? h + ":" + String(m).padStart(2, "0") + ":" + s : m + ":" + s;
   }
 
-  function clockTime(iso) {
-    return iso ? new Date(iso).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" }) : "—";
+  function clockCell(iso) {
+    const cell = text("td", "", "nowrap");
+    cell.append(window.SparkOps.clock.element(iso));
+    return cell;
   }
 
   function text(tag, value, className) {
@@ -49,8 +51,8 @@
         text("span", step.ok ? "ok" : "failed", step.ok ? "step-ok" : "step-failed");
       const resultCell = document.createElement("td");
       resultCell.append(result);
-      row.append(text("td", step.step), text("td", clockTime(step.started_at), "nowrap"),
-                 text("td", clockTime(step.finished_at), "nowrap"), resultCell,
+      row.append(text("td", step.step), clockCell(step.started_at), clockCell(step.finished_at),
+                 resultCell,
                  text("td", step.message));
       body.append(row);
     });
@@ -61,7 +63,7 @@
       const key = el.dataset.field;
       const value = data[key];
       if (key.endsWith("_seconds")) el.textContent = duration(value);
-      else if (key.endsWith("_at") || key === "deadline") el.textContent = value ? new Date(value).toLocaleString() : "—";
+      else if (key.endsWith("_at") || key === "deadline") el.replaceChildren(window.SparkOps.clock.element(value));
       else el.textContent = value || "—";
       if (key === "status") el.className = "state state-" + value;
     });
@@ -119,7 +121,7 @@
     }
     const traces = data.traces.map(function (t) {
       return {
-        x: t.x, y: t.y, name: t.name, type: "scatter", mode: "lines+markers", customdata: t.id,
+        x: t.x.map(window.SparkOps.clock.axis), y: t.y, name: t.name, type: "scatter", mode: "lines+markers", customdata: t.id,
         text: t.kind.map(function (kind, i) { return "#" + t.id[i] + " " + kind; }),
         hovertemplate: "%{text}<br>%{y:.1f} min<extra>%{fullData.name}</extra>",
         marker: { size: 9, symbol: t.kind.map(function (kind) { return kind === "unplanned" ? "x" : "circle"; }) },
@@ -128,8 +130,9 @@
     const grid = "#26313d";
     Plotly.react(box, traces, {
       paper_bgcolor: "#0f1419", plot_bgcolor: "#18202a", font: { color: "#e6edf3" },
-      margin: { l: 60, r: 20, t: 10, b: 40 }, legend: { orientation: "h" },
-      xaxis: { type: "date", gridcolor: grid },
+      margin: { l: 60, r: 20, t: 10, b: 56 }, legend: { orientation: "h" },
+      xaxis: { type: "date", gridcolor: grid, hoverformat: window.SparkOps.clock.HOVER,
+               title: { text: window.SparkOps.clock.axisTitle(data.traces.flatMap(function (t) { return t.x; })) } },
       yaxis: { title: "startup (min)", gridcolor: grid, rangemode: "tozero" },
       shapes: [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: 10, y1: 10,
                  line: { color: "#8b98a5", width: 1, dash: "dot" } }],

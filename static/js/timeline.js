@@ -1,56 +1,11 @@
 // SparkOps page helpers, shared by the overview and the engine page:
-//  * SparkOps.times: <time datetime="…" data-relative> shows "3 min ago" with the exact time, in
-//    the viewer's time zone, as its tooltip; <time datetime="…" data-local> shows the local time.
 //  * SparkOps.timeline: the overview's one timeline, stacked panels on one shared time axis
 //    (every panel's x axis "matches" the first, so zooming or panning one moves all).
 (function () {
   "use strict";
   const SparkOps = (window.SparkOps = window.SparkOps || {});
 
-  // --- times -------------------------------------------------------------------------------------
-  function relative(date, now) {
-    const seconds = Math.round((now - date) / 1000);
-    const future = seconds < 0;
-    const abs = Math.abs(seconds);
-    let text;
-    if (abs < 45) return future ? "in a few seconds" : "just now";
-    if (abs < 90) text = "1 min";
-    else if (abs < 45 * 60) text = Math.round(abs / 60) + " min";
-    else if (abs < 90 * 60) text = "1 h";
-    else if (abs < 24 * 3600) text = Math.round(abs / 3600) + " h";
-    else if (abs < 7 * 86400) text = Math.round(abs / 86400) + " d";
-    else return date.toLocaleDateString();
-    return future ? "in " + text : text + " ago";
-  }
-
-  function refreshTimes(root) {
-    const now = Date.now();
-    (root || document).querySelectorAll("time[datetime]").forEach(function (el) {
-      const when = new Date(el.getAttribute("datetime"));
-      if (isNaN(when)) return;
-      const exact = when.toLocaleString();
-      if (el.hasAttribute("data-relative")) {
-        el.textContent = relative(when, now);
-        el.title = exact;
-      } else if (el.hasAttribute("data-local")) {
-        el.textContent = exact;
-      }
-    });
-  }
-  // Plotly draws date strings as wall-clock times and drops any zone offset, so ISO times from
-  // the server (UTC) are turned into the viewer's local wall-clock time before drawing.
-  function pad(n, width) { return String(n).padStart(width || 2, "0"); }
-  function axisTime(iso) {
-    if (iso === null || iso === undefined) return iso;
-    const d = new Date(iso);
-    if (isNaN(d)) return iso;
-    return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " +
-      pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds()) + "." +
-      pad(d.getMilliseconds(), 3);
-  }
-  SparkOps.times = { refresh: refreshTimes, relative: relative, axis: axisTime };
-  document.addEventListener("DOMContentLoaded", function () { refreshTimes(document); });
-  setInterval(function () { if (!document.hidden) refreshTimes(document); }, 30000);
+  const axisTime = SparkOps.clock.axis;  // the viewer's wall-clock time (clock.js)
 
   // --- the timeline --------------------------------------------------------------------------------
   // Okabe–Ito colours: distinguishable with the common colour-vision deficiencies; every series
@@ -185,7 +140,8 @@
       const y = axisName(i, "yaxis");
       const last = i === panels.length - 1;
       layout[x] = { type: "date", range: range.slice(), anchor: axisName(i, "y"), gridcolor: GRID,
-                    showticklabels: last, domain: [0, 1] };
+                    showticklabels: last, domain: [0, 1], hoverformat: SparkOps.clock.HOVER };
+      if (last) layout[x].title = { text: SparkOps.clock.axisTitle(range), standoff: 4 };
       if (i > 0) layout[x].matches = "x";
       layout[y] = { domain: doms[i], anchor: axisName(i, "x"), gridcolor: GRID, fixedrange: true,
                     title: { text: panel.unit, standoff: 4 }, rangemode: "tozero", zeroline: false };
