@@ -70,8 +70,8 @@ def test_a_prefill_need_never_observed_says_so_in_the_page_and_the_api(admin_cli
     page = admin_client.get("/nodes/spark-a/").content.decode()
     node.refresh_from_db()
 
-    assert "observed not observed yet" in page and "observed 0.00 GiB" not in page
-    assert "estimate 512 MiB" in page  # 2048 tokens × 256 KiB
+    assert "(estimate 512 MiB, not observed yet)" in page  # 2048 tokens × 256 KiB
+    assert "observed 0.00 GiB" not in page
     row = ledger_bar(node)["engines"][0]
     assert row["observed_gib"] is None and row["observed_bytes"] is None
     assert node.ledger["engines"][0]["prefill_observed"] is None
