@@ -27,12 +27,11 @@ import docker
 import docker.errors
 import requests.exceptions
 
+from collectors.kinds.discovery import kind_of
 from collectors.procfs import container_cgroups, process_start_time
 
-ENGINE_LABEL = "sparkops.engine"
 URL_LABEL = "sparkops.url"
 API_TIMEOUT_SECONDS = 10
-_VLLM_WORD = re.compile(r"(^|[/_.\-\s])vllm([/_.:\-\s]|$)", re.IGNORECASE)
 
 
 class ContainerEngineError(Exception):
@@ -95,6 +94,8 @@ class EngineContainer:
     oom_killed: bool = False
     # Started with a terminal: its logs come as one raw stream, not in stdout/stderr frames.
     tty: bool = False
+    # Which engine it runs (collectors.kinds): "vllm", "llamacpp", "ollama", …
+    kind: str = "vllm"
 
     @property
     def running(self) -> bool:
@@ -128,21 +129,24 @@ def client(base_url: str | None = None) -> docker.DockerClient:
 
 
 
+def engine_kind(attrs: dict) -> str | None:
+    """The engine kind an inspected container runs (``collectors.kinds.kind_of``: the label
+    ``sparkops.engine=<kind>`` first, ``none`` to opt out, then its command, then its image),
+    or None when it is not an engine."""
+    config = attrs.get("Config") or {}
+    command = [attrs.get("Path") or "", *(attrs.get("Args") or [])]
+    return kind_of(config.get("Labels") or {}, command, config.get("Image") or "")
+
+
 def is_vllm_engine(attrs: dict) -> bool:
     """A vLLM engine: labelled ``sparkops.engine=vllm``, or running vLLM by command or image."""
-    labels = (attrs.get("Config") or {}).get("Labels") or {}
-    if labels.get(ENGINE_LABEL, "").lower() == "vllm":
-        return True
-    if labels.get(ENGINE_LABEL):  # labelled as something else, or "none" to opt out
-        return False
-    words = [attrs.get("Path") or "", *(attrs.get("Args") or []),
-             (attrs.get("Config") or {}).get("Image") or ""]
-    return any(_VLLM_WORD.search(word) for word in words)
+    return engine_kind(attrs) == "vllm"
 
 
 def discover_engines(engine: docker.DockerClient, *, proc_root: Path = Path("/proc"),
                      cgroup_root: Path = Path("/sys/fs/cgroup")) -> list[EngineContainer]:
-    """Every vLLM container on this engine, running or not, with memory for running ones.
+    """Every engine container on this engine, of every kind, running or not, with memory for
+    running ones.
 
     ``proc_root`` and ``cgroup_root`` are where this host's processes and cgroups are seen.
     """
@@ -152,13 +156,14 @@ def discover_engines(engine: docker.DockerClient, *, proc_root: Path = Path("/pr
         for summary in listed:
             seen = _inspect(engine, summary, _inspected.get(summary["Id"]), proc_root)
             _inspected[summary["Id"]] = seen
-            if is_vllm_engine(seen.attrs):
+            kind = engine_kind(seen.attrs)
+            if kind is not None:
                 memory = None
                 if (seen.attrs.get("State") or {}).get("Status") == "running":
                     memory = _cgroup_memory(seen.memory_file, cgroup_root)
                     if memory is None:
                         memory = _memory_usage(engine, seen.attrs["Id"])
-                found.append(_engine_container(seen.attrs, memory))
+                found.append(_engine_container(seen.attrs, memory, kind))
     except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
         _api_versions.clear()
         _inspected.clear()
@@ -234,7 +239,8 @@ def _cgroup_memory(memory_file: str | None, cgroup_root: Path) -> int | None:
         return None
 
 
-def _engine_container(attrs: dict, memory_usage_bytes: int | None) -> EngineContainer:
+def _engine_container(attrs: dict, memory_usage_bytes: int | None,
+                      kind: str = "vllm") -> EngineContainer:
     state = attrs.get("State") or {}
     config = attrs.get("Config") or {}
     host_config = attrs.get("HostConfig") or {}
@@ -263,6 +269,7 @@ def _engine_container(attrs: dict, memory_usage_bytes: int | None) -> EngineCont
         memory_usage_bytes=memory_usage_bytes if running else None,
         oom_killed=bool(state.get("OOMKilled")),
         tty=bool(config.get("Tty")),
+        kind=kind,
     )
 
 

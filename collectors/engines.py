@@ -1,9 +1,11 @@
 """Collect what every LLM engine on a node is: discovered, configured, started, serving.
 
 One call of :func:`collect_engines` lists the engine containers through the container engine,
-reads their launch flags, startup logs and bind mounts, scrapes their ``/metrics`` (in parallel,
-each with a total deadline), computes rates against the previous scrape, and stores every engine
-in one transaction: a failed scrape commits no samples, only the reason.
+reads their launch flags, startup logs and bind mounts, reads their endpoints (``/metrics`` for
+vLLM; each kind's own, in parallel, each read with a total deadline), computes rates against the
+previous read, and stores every engine in one transaction: a failed read commits no samples,
+only the reason. What is read of each part, and how, is the engine kind's reader
+(``collectors.kinds``, chosen by the kind discovery found); the flow here is the same for all.
 
 Cost: a few queries per collection whatever the number of engines (the node's engines are read
 once, samples and events written in bulk), and of an engine's row only the fields that changed
@@ -33,17 +35,17 @@ from collectors.docker_api import (
     metrics_base_url,
     read_logs,
 )
+from collectors.kinds.base import KindReader, Launch, LaunchError, Reading, StartupParser
+from collectors.kinds.registry import reader_for
 from collectors.modelconfig import activation_bytes_per_token, read_container_model_config
 from collectors.models import Engine, EngineMetric, EngineSample, Event, Node
 from collectors.nvml import GpuReport, processes_by_container
 from collectors.procfs import container_ids_for_pids, inode_seen_by_process
 from collectors.redaction import mask_command, mask_env, mask_text
-from collectors.vllm.findings import MountCheck, check_config
-from collectors.vllm.flags import EngineConfig, FlagError, parse_command_line
-from collectors.vllm.logs import StartupLog, StartupLogParser
+from collectors.vllm.findings import MountCheck
 from collectors.vllm.metrics import MetricsSnapshot
 from collectors.vllm.rates import Observation, Rates, compute_rates
-from collectors.vllm.scrape import ScrapeError, scrape
+from collectors.vllm.scrape import ScrapeError
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +60,7 @@ MODEL_CONFIG_RETRY = timedelta(minutes=10)
 
 @dataclass
 class ScrapeOutcome:
-    snapshot: MetricsSnapshot | None = None
+    reading: Reading | None = None
     error: str = ""
 
 
@@ -89,16 +91,17 @@ def collect_engines(
         node.save(update_fields=["engine_discovery_error"])
     _forget_logs_except({c.id for c in containers})
 
-    configs = {c.id: _parse_config(c) for c in containers}
-    urls = {c.id: _metrics_url(c, configs[c.id][0]) for c in containers}
-    outcomes = _scrape_all({cid: url for cid, url in urls.items() if url}, containers)
+    readers = {c.id: reader_for(c.kind) for c in containers}
+    configs = {c.id: _parse_config(c, readers[c.id]) for c in containers}
+    urls = {c.id: _metrics_url(c, configs[c.id][0], readers[c.id]) for c in containers}
+    outcomes = _scrape_all({cid: url for cid, url in urls.items() if url}, readers)
     gpu_by_container = _gpu_memory_by_container(gpu, proc_root) if gpu else {}
 
     known = {e.name: e for e in Engine.objects.filter(node=node)}
     present, samples, events = [], [], []
     for container in containers:
         config, config_error = configs[container.id]
-        seen = _Seen(container, config, config_error, urls[container.id],
+        seen = _Seen(container, readers[container.id], config, config_error, urls[container.id],
                      outcomes.get(container.id), gpu_by_container.get(container.id))
         engine, changed = _update_engine(node, api, known.get(container.name), seen, now,
                                          proc_root, samples, events)
@@ -113,36 +116,38 @@ def collect_engines(
     return [engine for engine, _ in present]
 
 
-def _parse_config(container: EngineContainer) -> tuple[EngineConfig | None, str]:
-    """The launch flags, read from the masked command line: what is stored of them (flag
-    values, the reason a command is refused) never holds a secret."""
+def _parse_config(container: EngineContainer, reader: KindReader) -> tuple[Launch | None, str]:
+    """The launch settings, read from the masked command line (and the masked environment):
+    what is stored of them (flag values, the reason a command is refused) never holds a
+    secret."""
     try:
-        return parse_command_line(mask_command(container.command)), ""
-    except FlagError as error:
+        return reader.parse_launch(mask_command(container.command), mask_env(container.env)), ""
+    except LaunchError as error:
         return None, str(error)
 
 
-def _metrics_url(container: EngineContainer, config: EngineConfig | None) -> str | None:
-    port = config.port if config else 8000
+def _metrics_url(container: EngineContainer, launch: Launch | None,
+                 reader: KindReader) -> str | None:
+    port = launch.port if launch else reader.default_port
     return metrics_base_url(container, port) if container.running else None
 
 
-def _scrape_all(urls: dict[str, str], containers: list[EngineContainer]
+def _scrape_all(urls: dict[str, str], readers: dict[str, KindReader]
                 ) -> dict[str, ScrapeOutcome]:
-    """Scrape every engine at once: one slow engine must not delay the others' samples."""
+    """Read every engine at once: one slow engine must not delay the others' samples."""
     if not urls:
         return {}
 
-    def one(url: str) -> ScrapeOutcome:
+    def one(cid: str, url: str) -> ScrapeOutcome:
         try:
-            return ScrapeOutcome(snapshot=scrape(f"{url}/metrics",
-                                                 deadline=SCRAPE_DEADLINE_SECONDS))
+            return ScrapeOutcome(reading=readers[cid].read(url,
+                                                           deadline=SCRAPE_DEADLINE_SECONDS))
         except ScrapeError as error:
             # The reason may quote the URL, whose credentials (a sparkops.url label) stay here.
             return ScrapeOutcome(error=mask_text(str(error)))
 
     with ThreadPoolExecutor(max_workers=min(len(urls), 8)) as pool:
-        futures = {cid: pool.submit(one, url) for cid, url in urls.items()}
+        futures = {cid: pool.submit(one, cid, url) for cid, url in urls.items()}
         return {cid: future.result() for cid, future in futures.items()}
 
 
@@ -158,7 +163,7 @@ def _identity(container_id: str, started_at: datetime | None) -> str:
 
 # What a collection sets on an engine's row; of these only the changed ones are written.
 _COLLECTED_FIELDS = (
-    "container_id", "image", "container_state", "phase", "started_at", "restart_count",
+    "kind", "container_id", "image", "container_state", "phase", "started_at", "restart_count",
     "exit_code", "command", "labels", "env", "model_bytes_per_token", "model_config", "config",
     "config_error", "findings", "metrics_url", "memory_usage_bytes", "gpu_memory_bytes",
     "present", "last_seen", "startup", "logs_read_at", "last_scrape_at", "last_scrape_error",
@@ -168,11 +173,12 @@ _COLLECTED_FIELDS = (
 
 @dataclass(frozen=True)
 class _Seen:
-    """What one collection saw of one container: its parsed flags (or why not), its
-    ``/metrics`` address and scrape, and its GPU memory."""
+    """What one collection saw of one container: its kind's reader, its launch settings (or
+    why not), its endpoints' address and read, and its GPU memory."""
 
     container: EngineContainer
-    config: EngineConfig | None
+    reader: KindReader
+    config: Launch | None
     config_error: str
     url: str | None
     outcome: ScrapeOutcome | None
@@ -197,8 +203,11 @@ def _update_engine(node: Node, api: docker.DockerClient, engine: Engine | None, 
     restarted = not created and identity != _identity(engine.container_id, engine.started_at)
     events += _lifecycle_events(engine, container, now, created=created, restarted=restarted)
 
-    startup = _read_startup(api, engine, container, restarted or created, now)
-    known_startup = startup or (StartupLog.from_dict(engine.startup) if engine.startup else None)
+    reader = seen.reader
+    startup = _read_startup(api, engine, container, reader, restarted or created, now)
+    same_kind = engine.kind == container.kind
+    known_startup = startup or (reader.startup_from_dict(engine.startup)
+                                if engine.startup and same_kind else None)
     phase = _phase(container, startup, engine.phase)
     if phase != engine.phase and not created:
         events.append(_event(engine, now, "phase-change", "info",
@@ -214,7 +223,7 @@ def _update_engine(node: Node, api: docker.DockerClient, engine: Engine | None, 
 
     samples += _container_samples(engine, now)
     if seen.outcome is not None:
-        events += _apply_scrape(engine, seen.outcome, identity, now, samples)
+        events += _apply_scrape(engine, reader, seen.outcome, identity, now, samples)
     changed = [name for name, value in before.items()
                if getattr(engine, name) != value or type(getattr(engine, name)) is not type(value)]
     return engine, changed
@@ -243,11 +252,9 @@ def _lifecycle_events(engine: Engine, container: EngineContainer, now: datetime,
     return []
 
 
-def _findings(seen: _Seen, startup: StartupLog | None, mounts: list[MountCheck]
-              ) -> list[dict[str, str]]:
+def _findings(seen: _Seen, startup: Any, mounts: list[MountCheck]) -> list[dict[str, str]]:
     """The configuration findings, led by the reason the flags could not be read, if any."""
-    findings = [f.as_dict() for f in check_config(seen.config, log=startup, mounts=mounts)] \
-        if seen.config else []
+    findings = seen.reader.findings(seen.config, startup, mounts) if seen.config else []
     if seen.config_error:
         findings.insert(0, {"code": "unparseable-flags", "severity": "error",
                             "message": "SparkOps cannot read the launch flags: "
@@ -258,6 +265,7 @@ def _findings(seen: _Seen, startup: StartupLog | None, mounts: list[MountCheck]
 def _copy_container(engine: Engine, seen: _Seen, phase: str, now: datetime) -> None:
     """Set what the container engine and the scrape address say on the engine's row."""
     container = seen.container
+    engine.kind = container.kind
     engine.container_id = container.id
     engine.image = container.image
     engine.container_state = container.state
@@ -271,7 +279,7 @@ def _copy_container(engine: Engine, seen: _Seen, phase: str, now: datetime) -> N
     engine.env = mask_env(container.env)
     engine.model_bytes_per_token = _model_bytes_per_token(seen.config, engine.model_config) \
         or engine.model_bytes_per_token
-    engine.config = seen.config.as_dict() if seen.config else {}
+    engine.config = seen.config.config if seen.config else {}
     engine.config_error = seen.config_error
     engine.metrics_url = seen.url or ""
     engine.memory_usage_bytes = container.memory_usage_bytes
@@ -287,8 +295,9 @@ class _FollowedLog:
     waiting by the last read's cap."""
 
     since: datetime | None
+    parser: StartupParser
+    kind: str
     cursor: LogCursor | None = None
-    parser: StartupLogParser = field(default_factory=StartupLogParser)
     more_waiting: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -309,14 +318,15 @@ def _forget_logs_except(present: set[str]) -> None:
 
 
 def _read_startup(api: docker.DockerClient, engine: Engine, container: EngineContainer,
-                  fresh: bool, now: datetime) -> StartupLog | None:
-    """Parse the new part of the startup log when it can have changed; None when the last parse
-    still holds (or another collection is reading this log now)."""
+                  reader: KindReader, fresh: bool, now: datetime) -> Any:
+    """Parse the new part of the startup log with the kind's parser when it can have changed;
+    None when the last parse still holds (or another collection is reading this log now)."""
     with _followed_lock:
         followed = _followed.get(container.id)
-        if followed is None:
+        if followed is None or followed.kind != container.kind:
             since = container.started_at - _START_SLACK if container.started_at else None
-            followed = _followed[container.id] = _FollowedLog(since=since)
+            followed = _followed[container.id] = _FollowedLog(
+                since=since, parser=reader.new_log_parser(), kind=container.kind)
             fresh = True
     due = (
         fresh
@@ -342,7 +352,7 @@ def _read_startup(api: docker.DockerClient, engine: Engine, container: EngineCon
         followed.lock.release()
 
 
-def _phase(container: EngineContainer, startup: StartupLog | None, previous: str) -> str:
+def _phase(container: EngineContainer, startup: Any, previous: str) -> str:
     """The engine's phase: from its log while the container runs; stopped or failed otherwise."""
     logged = startup.phase if startup is not None else previous
     if container.running:
@@ -376,7 +386,7 @@ def refreshed_model_config(stored: dict[str, Any], container: EngineContainer,
             "read_at": now.isoformat()}
 
 
-def _model_bytes_per_token(config: EngineConfig | None, model_config: dict[str, Any]
+def _model_bytes_per_token(config: Launch | None, model_config: dict[str, Any]
                            ) -> int | None:
     """Activation bytes per batched token from the model's config.json, for an engine started
     from a local model directory (a hub model's estimate is left to the admin's setting)."""
@@ -439,32 +449,39 @@ _GAUGE_METRICS = {
 }
 
 
-def _apply_scrape(engine: Engine, outcome: ScrapeOutcome, identity: str, now: datetime,
-                  samples: list[EngineSample]) -> list[Event]:
-    """Fold one scrape into the engine; on failure keep the last good data and say why."""
+def _apply_scrape(engine: Engine, reader: KindReader, outcome: ScrapeOutcome, identity: str,
+                  now: datetime, samples: list[EngineSample]) -> list[Event]:
+    """Fold one read into the engine; on failure keep the last good data and say why.
+
+    ``metrics`` keeps the read's snapshot (the next read's rates start from it), what only this
+    kind reports (``details``) and, for each part this kind cannot report, why (``unknown``).
+    """
     events: list[Event] = []
     engine.last_scrape_at = now
-    if outcome.snapshot is None:
+    reading = outcome.reading
+    if reading is None:
         if not engine.last_scrape_error:
             events.append(_event(engine, now, "scrape-failed", "warning",
-                                 f"{engine.name}: /metrics scrape failed: {outcome.error}"))
+                                 f"{engine.name}: {reader.endpoints} scrape failed: "
+                                 f"{outcome.error}"))
         engine.last_scrape_error = outcome.error
         return events
     if engine.last_scrape_error:
         events.append(_event(engine, now, "scrape-recovered", "info",
-                             f"{engine.name}: /metrics answers again."))
+                             f"{engine.name}: {reader.endpoints} answers again."))
     engine.last_scrape_error = ""
     engine.last_scrape_ok_at = now
-    current = Observation(outcome.snapshot, now.timestamp(), identity)
+    current = Observation(reading.snapshot, now.timestamp(), identity)
     rates = _rates_since_last(engine, current)
-    engine.metrics = {"snapshot": outcome.snapshot.as_dict(), "wall_time": current.wall_time,
-                      "identity": identity}
+    snapshot = reading.snapshot.as_dict()
+    engine.metrics = {"snapshot": snapshot, "wall_time": current.wall_time,
+                      "identity": identity, "details": reading.details,
+                      "unknown": {**reader.never_reported, **reading.unknown}}
     engine.rates = rates.as_dict() if rates else {}
     if rates is not None and rates.restarted and "identity" not in (rates.reason or ""):
         events.append(_event(engine, now, "counters-reset", "warning",
                              f"{engine.name}: counters went back ({rates.reason}); "
                              "the engine restarted, no rate for this interval."))
-    snapshot = outcome.snapshot.as_dict()
     for key, metric in _GAUGE_METRICS.items():
         if snapshot.get(key) is not None:
             samples.append(EngineSample(engine=engine, metric=metric, at=now, value=snapshot[key]))

@@ -1,18 +1,26 @@
 """A node's host memory as rows: one interval collected and stored as a collection and its
 samples, and the one reader of the latest of them (what the overview, ``/metrics`` and the API
-call the node's current figures)."""
+call the node's current figures).
+
+When the node's engines run in a memory budget (``SPARKOPS_MEMORY_BUDGET_CGROUP``, a memory
+cgroup), each collection also stores the budget's limit, its room and the interval's lowest room;
+an unlimited or unreadable budget is stored as unknown with the reason, never as 0.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
+from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from collectors.meminfo import MemInfo
 from collectors.models import Collection, Metric, Node, Sample
-from collectors.procfs import Procfs
+from collectors.procfs import BudgetReading, Procfs
 from collectors.sampling import Clock, WindowReading, stale_after, watch_host_memory
 
 # meminfo field -> stored metric
@@ -31,29 +39,58 @@ _FIELD_METRICS = {
 }
 
 
+def configured_budget() -> Path | None:
+    """This node's memory budget cgroup (``SPARKOPS_MEMORY_BUDGET_CGROUP``), or None."""
+    configured = settings.SPARKOPS_MEMORY_BUDGET_CGROUP
+    return Path(configured) if configured else None
+
+
 def collect_host_memory(
-    node: Node, procfs: Procfs, *, duration: float, period: float, clock: Clock | None = None
+    node: Node, procfs: Procfs, *, duration: float, period: float, clock: Clock | None = None,
+    budget: Path | None = None,
 ) -> tuple[Collection, WindowReading]:
-    """Watch the node's memory for ``duration`` seconds and store what was seen.
+    """Watch the node's memory (and ``budget``, a memory cgroup, when given) for ``duration``
+    seconds and store what was seen.
 
     Blocks for ``duration``. Writes one :class:`Collection` and, when meminfo was readable,
     one :class:`Sample` per metric, all in one transaction.
     """
-    window = watch_host_memory(procfs, duration=duration, period=period, clock=clock)
+    window = watch_host_memory(procfs, duration=duration, period=period, clock=clock,
+                               budget=budget)
     return record_window(node, window), window
 
 
-def window_figures(window: WindowReading) -> dict[str, int | None]:
-    """The host numbers of one interval the ledger needs, in bytes (None: unknown)."""
+def window_figures(window: WindowReading) -> dict[str, Any]:
+    """The host numbers of one interval the ledger needs, in bytes (None: unknown), and the
+    memory budget's under ``"budget"`` when one is watched (see :func:`budget_figures`)."""
     info = window.last
     if info is None:
         return {}
-    return {
+    figures: dict[str, Any] = {
         "mem_total": info.get("MemTotal"),
         "mem_available": info.mem_available,
         "mem_available_min": window.min_available,
         "page_cache_reclaimable": info.page_cache_reclaimable(),
         "swap_used": info.swap_used(),
+    }
+    if window.budget is not None:
+        figures["budget"] = budget_figures(window.budget, window.min_budget_room)
+    return figures
+
+
+def budget_figures(budget: BudgetReading, room_min: int | None) -> dict[str, Any]:
+    """The memory budget of one interval: its cgroup, limit, working set, room at the end and
+    lowest room (bytes, None when unknown or unlimited), cgroup version, and ``note``: why the
+    room is None ("" when known)."""
+    return {
+        "cgroup": budget.cgroup,
+        "version": budget.version,
+        "limit": budget.limit,
+        "unlimited": budget.unlimited,
+        "working_set": budget.working_set,
+        "room": budget.room,
+        "room_min": room_min,
+        "note": budget.room_note,
     }
 
 
@@ -119,7 +156,22 @@ def _samples(node: Node, window: WindowReading, info: MemInfo) -> list[Sample]:
         _sample(node, Metric.PSI_FULL_AVG10, at, pressure and pressure.full_avg10,
                 no_psi if pressure is None else "no 'full' line in /proc/pressure/memory")
     )
+    if window.budget is not None:
+        samples += _budget_samples(node, window, window.budget)
     return samples
+
+
+def _budget_samples(node: Node, window: WindowReading, budget: BudgetReading) -> list[Sample]:
+    at = window.finished_at
+    room_min_note = f"room unknown all interval: {budget.room_note}" if budget.room_note else \
+        "room unknown all interval"
+    return [
+        _sample(node, Metric.MEMORY_BUDGET_LIMIT, at, budget.limit, budget.limit_note),
+        _sample(node, Metric.MEMORY_BUDGET_ROOM, at, budget.room, budget.room_note),
+        # Like MemAvailable's, the lowest room is stored at the instant it was seen.
+        _sample(node, Metric.MEMORY_BUDGET_ROOM_MIN, window.min_budget_room_at or at,
+                window.min_budget_room, room_min_note),
+    ]
 
 
 def _sample(node: Node, metric: Metric, at, value: float | None, note: str) -> Sample:

@@ -4,6 +4,14 @@ Built after every host-memory collection from what each engine reports about its
 log, ``cache_config_info``, flags), the page cache, every other process by name, and the
 headroom (MemAvailable with the interval's minimum). A figure nobody reported stays None.
 
+When the engines are confined to a memory budget (a memory cgroup,
+``SPARKOPS_MEMORY_BUDGET_CGROUP``), the room a prefill can really get is the smaller of the
+host's headroom and the budget's room (its limit less its working set, with the interval's
+minimum): :attr:`Ledger.headroom` is that smaller figure, and :attr:`Ledger.headroom_source`
+says which one bounds it. While the budget bounds it, only what runs inside the budget can take
+that room, so only the parts of engines inside it are causes (:func:`budget_components`); and
+prefill dips are read from the budget's room, which other programs' memory does not move.
+
 Components whose size moves by more than the node's change threshold are recorded as
 :class:`LedgerChange` rows: the causes an alert can name.
 """
@@ -12,13 +20,20 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from pathlib import Path
+from typing import Any
 
 import psutil
 from django.conf import settings
 
 from collectors.models import Engine, LedgerChange, Node
 from collectors.processes import ProcessGroup, memory_by_process_name
-from collectors.procfs import container_ids_for_pids
+from collectors.procfs import (
+    cgroup_entries,
+    cgroup_path_in_hierarchy,
+    container_ids_for_pids,
+    in_memory_cgroup,
+)
 from sparkops.units import GIB
 
 # On GB10 (compute capability 12.1) vLLM 0.33 keeps the small scheduler tier of
@@ -42,6 +57,7 @@ class EngineShare:
     prefill_observed: int | None
     prefill_need: int | None
     prefill_need_source: str | None  # "observed" or "estimate"
+    in_budget: bool | None = None  # runs inside the node's memory budget (None: no budget)
 
     @property
     def reserved(self) -> int | None:
@@ -66,12 +82,47 @@ class Ledger:
     engines: list[EngineShare] = field(default_factory=list)
     processes: list[dict] = field(default_factory=list)  # top processes: name, rss_bytes, count
     others_total: int | None = None
+    # The memory budget's figures (collectors.hostmemory.budget_figures); None without one.
+    budget: dict[str, Any] | None = None
+
+    @property
+    def host_headroom(self) -> int | None:
+        """The host's room for a transient buffer: the interval's lowest MemAvailable."""
+        return self.mem_available_min if self.mem_available_min is not None \
+            else self.mem_available
+
+    @property
+    def budget_headroom(self) -> int | None:
+        """The memory budget's room, its interval minimum first; None without a budget, and
+        for an unlimited or unreadable one (then it has no room figure of its own)."""
+        if not self.budget:
+            return None
+        lowest = self.budget.get("room_min")
+        return lowest if lowest is not None else self.budget.get("room")
 
     @property
     def headroom(self) -> int | None:
-        """Room left for a transient buffer: the interval's lowest MemAvailable."""
-        return self.mem_available_min if self.mem_available_min is not None \
-            else self.mem_available
+        """Room left for a transient buffer: the smaller of the host's and the budget's."""
+        known = [v for v in (self.host_headroom, self.budget_headroom) if v is not None]
+        return min(known) if known else None
+
+    @property
+    def headroom_source(self) -> str | None:
+        """What bounds :attr:`headroom`: "budget" (the memory budget's room) or "host"
+        (MemAvailable); None when neither is known."""
+        budget, host = self.budget_headroom, self.host_headroom
+        if budget is not None and (host is None or budget <= host):
+            return "budget"
+        return "host" if host is not None else None
+
+    @property
+    def headroom_now(self) -> int | None:
+        """The room at the end of the interval, without its minimum: the smaller of
+        MemAvailable and the budget's room then. An engine whose own prefill made the
+        interval's dip is judged by this."""
+        budget_room = (self.budget or {}).get("room")
+        known = [v for v in (self.mem_available, budget_room) if v is not None]
+        return min(known) if known else None
 
     def as_dict(self) -> dict:
         data = asdict(self)
@@ -79,7 +130,24 @@ class Ledger:
             share["reserved"] = engine.reserved
             share["non_kv"] = engine.non_kv
         data["headroom"] = self.headroom
+        data["headroom_source"] = self.headroom_source
+        data["host_headroom"] = self.host_headroom
+        data["budget_headroom"] = self.budget_headroom
+        data["headroom_now"] = self.headroom_now
         return data
+
+
+def budget_components(ledger: dict) -> set[str] | None:
+    """The ledger components that can have taken the headroom, when the memory budget bounds
+    it: the KV pools and non-KV memory of the engines running inside the budget (the host's
+    page cache and processes outside the engines' containers take none of the budget's room;
+    processes are counted by name across the host, so none of them is named). None when the
+    budget does not bound the headroom: then every component counts."""
+    if ledger.get("headroom_source") != "budget":
+        return None
+    return {f"engine:{share['engine_id']}:{part}"
+            for share in ledger.get("engines", []) if share.get("in_budget")
+            for part in ("kv_pool", "non_kv")}
 
 
 def _gib_to_bytes(value: float | None) -> int | None:
@@ -99,7 +167,7 @@ def prefill_estimate(engine: Engine) -> int | None:
     return tokens * per_token
 
 
-def engine_share(engine: Engine) -> EngineShare:
+def engine_share(engine: Engine, in_budget: bool | None = None) -> EngineShare:
     startup = engine.startup or {}
     snapshot = (engine.metrics or {}).get("snapshot") or {}
     kv_pool = snapshot.get("kv_cache_memory_bytes") or _gib_to_bytes(startup.get("kv_cache_gib")) \
@@ -129,12 +197,17 @@ def engine_share(engine: Engine) -> EngineShare:
         prefill_observed=observed,
         prefill_need=need,
         prefill_need_source=source,
+        in_budget=in_budget,
     )
 
 
-def build_ledger(node: Node, now: datetime, figures: dict[str, int | None],
-                 engines: list[Engine], processes: list[ProcessGroup]) -> Ledger:
-    """Assemble the ledger; ``figures`` holds this collection's host numbers in bytes."""
+def build_ledger(node: Node, now: datetime, figures: dict[str, Any],
+                 engines: list[Engine], processes: list[ProcessGroup],
+                 in_budget: set[int] | None = None) -> Ledger:
+    """Assemble the ledger; ``figures`` holds this collection's host numbers in bytes and the
+    memory budget's (``"budget"``, when one is watched); ``in_budget`` the ids of the engines
+    running inside that budget."""
+    budget = figures.get("budget")
     return Ledger(
         at=now.isoformat(),
         mem_total=figures.get("mem_total") or node.mem_total_bytes,
@@ -142,10 +215,12 @@ def build_ledger(node: Node, now: datetime, figures: dict[str, int | None],
         mem_available_min=figures.get("mem_available_min"),
         page_cache_reclaimable=figures.get("page_cache_reclaimable"),
         swap_used=figures.get("swap_used"),
-        engines=[engine_share(e) for e in engines],
+        engines=[engine_share(e, None if budget is None else e.pk in (in_budget or set()))
+                 for e in engines],
         processes=[{"name": p.name, "rss_bytes": p.rss_bytes, "count": p.count}
                    for p in processes[:TOP_PROCESSES]],
         others_total=sum(p.rss_bytes for p in processes) if processes else None,
+        budget=budget,
     )
 
 
@@ -226,23 +301,56 @@ def record_prefill_observation(engines: list[Engine], previous_available: int | 
     return engine
 
 
-def update_ledger(node: Node, figures: dict[str, int | None], now: datetime) -> Ledger:
+def update_ledger(node: Node, figures: dict[str, Any], now: datetime) -> Ledger:
     """After a collection: rebuild the node's ledger, record what changed, and learn prefill
     needs from the interval's dip. Engine processes are left out of "everything else"."""
     engines = list(Engine.objects.filter(node=node, present=True))
-    previous_available = (node.ledger or {}).get("mem_available")
     container_ids = {e.container_id for e in engines if e.container_state == "running"}
-    engine_pids = engine_process_ids(container_ids)
-    ledger = build_ledger(node, now, figures, engines, memory_by_process_name(engine_pids))
-    record_prefill_observation(engines, previous_available, figures.get("mem_available"),
-                               figures.get("mem_available_min"), now)
+    processes = engine_processes(container_ids)
+    engine_pids = {pid for pids in processes.values() for pid in pids}
+    budget = figures.get("budget")
+    inside = engines_in_budget(engines, processes, budget) if budget else None
+    ledger = build_ledger(node, now, figures, engines, memory_by_process_name(engine_pids),
+                          in_budget=inside)
+    record_prefill_observation(engines, *dip_figures(node.ledger or {}, figures), now)
     record_changes(node, ledger, now)
     return ledger
 
 
-def engine_process_ids(container_ids: set[str]) -> set[int]:
-    """PIDs that belong to the given containers (read from each process's cgroup)."""
+def dip_figures(previous: dict, figures: dict[str, Any]
+                ) -> tuple[int | None, int | None, int | None]:
+    """``(previous, last, lowest)`` of the figure a prefill's dip is read from: the memory
+    budget's room when it is known in both collections (the engines run inside it, and other
+    programs' memory does not move it), else MemAvailable."""
+    budget, before = figures.get("budget") or {}, previous.get("budget") or {}
+    if None not in (budget.get("room"), budget.get("room_min"), before.get("room")):
+        return before["room"], budget["room"], budget["room_min"]
+    return (previous.get("mem_available"), figures.get("mem_available"),
+            figures.get("mem_available_min"))
+
+
+def engine_processes(container_ids: set[str]) -> dict[str, list[int]]:
+    """container id -> the PIDs that belong to it (read from each process's cgroup)."""
     if not container_ids:
+        return {}
+    found: dict[str, list[int]] = {}
+    for pid, cid in container_ids_for_pids(psutil.pids()).items():
+        if cid in container_ids:
+            found.setdefault(cid, []).append(pid)
+    return found
+
+
+def engines_in_budget(engines: list[Engine], processes: dict[str, list[int]],
+                      budget: dict[str, Any]) -> set[int]:
+    """Ids of the engines whose container's processes sit at or below the budget's cgroup."""
+    path = cgroup_path_in_hierarchy(Path(budget["cgroup"]))
+    if path is None or budget.get("version") not in (1, 2):
         return set()
-    return {pid for pid, cid in container_ids_for_pids(psutil.pids()).items()
-            if cid in container_ids}
+    inside = set()
+    for engine in engines:
+        # One process tells: a container's processes share its cgroup or sit below it.
+        pid = next(iter(processes.get(engine.container_id, [])), None)
+        entries = None if pid is None else cgroup_entries(pid)
+        if entries is not None and in_memory_cgroup(entries, path, budget["version"]):
+            inside.add(engine.pk)
+    return inside

@@ -63,6 +63,10 @@ class Metric(models.IntegerChoices):
     SWAP_USED = 14, "Swap in use"
     PSI_SOME_AVG10 = 15, "Memory pressure, some (avg10 %)"
     PSI_FULL_AVG10 = 16, "Memory pressure, full (avg10 %)"
+    # The node's memory budget (SPARKOPS_MEMORY_BUDGET_CGROUP), when its engines run in one.
+    MEMORY_BUDGET_LIMIT = 17, "Memory budget limit"
+    MEMORY_BUDGET_ROOM = 18, "Room in the memory budget"
+    MEMORY_BUDGET_ROOM_MIN = 19, "Room in the memory budget (interval minimum)"
 
 
 class Collection(models.Model):
@@ -241,6 +245,67 @@ class EngineRollup(models.Model):
     class Meta:
         indexes = [models.Index(fields=["engine", "metric", "resolution", "start", "min", "max"],
                                 name="erollup_bucket_covering")]
+
+
+class GpuMetric(models.IntegerChoices):
+    """Per-GPU series read through NVML (``collectors.gpus``). Stored ids: never renumber."""
+
+    UTILIZATION = 1, "GPU utilisation (%)"
+    TEMPERATURE = 2, "GPU temperature (°C)"
+    POWER = 3, "GPU power draw (W)"
+    SM_CLOCK = 4, "SM clock (MHz)"
+
+
+# A GpuSample's note for a figure the GPU cannot report (NVML's NotSupported).
+GPU_NOT_SUPPORTED = "not supported"
+
+
+class GpuSample(models.Model):
+    """One NVML figure of one GPU of a node at one read: narrow like :class:`Sample`, so the
+    roll-up tiers and chart readers of host and engine series serve it unchanged.
+
+    ``value`` is NULL when NVML gave no figure; ``note`` says why, in the words
+    ``collectors.gpus.field_reading`` writes ("not supported" when the GPU cannot report it,
+    else NVML's error). ``device_uuid`` names the physical GPU behind the index ("" if unknown).
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
+    device_index = models.PositiveSmallIntegerField()
+    device_uuid = models.CharField(max_length=96, blank=True)
+    metric = models.PositiveSmallIntegerField(choices=GpuMetric.choices)
+    at = models.DateTimeField()
+    value = models.FloatField(null=True)
+    note = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        indexes = [
+            # Chart and prune queries are "node N, metric M, time range", as for Sample.
+            models.Index(fields=["node", "metric", "at"], name="gsample_node_metric_at"),
+            # The reads that failed in a chart's range, without walking the figures NVML gave
+            # or those a GPU never supports (a row per read each).
+            models.Index(fields=["node", "at"], name="gsample_failed_node_at",
+                         condition=models.Q(value__isnull=True)
+                         & ~models.Q(note=GPU_NOT_SUPPORTED)),
+        ]
+
+
+class GpuRollup(models.Model):
+    """Min/mean/max of a GPU metric over one bucket: the GPU side of :class:`Rollup`."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
+    device_index = models.PositiveSmallIntegerField()
+    metric = models.PositiveSmallIntegerField(choices=GpuMetric.choices)
+    resolution = models.PositiveIntegerField(default=60)
+    start = models.DateTimeField()
+    min = models.FloatField()
+    max = models.FloatField()
+    mean = models.FloatField()
+    count = models.PositiveIntegerField()
+
+    class Meta:
+        # Covering for a chart's read (node, metrics, tier, time range -> device, min, max).
+        indexes = [models.Index(fields=["node", "metric", "resolution", "start", "device_index",
+                                        "min", "max"], name="grollup_bucket_covering")]
 
 
 class Event(models.Model):

@@ -14,10 +14,11 @@ hourly roll-ups             1 h         ``SPARKOPS_ROLLUP_RETENTION_DAYS`` (defa
 =========================  ==========  ===============================================
 
 (no tier is kept past ``SPARKOPS_ROLLUP_RETENTION_DAYS``). Each roll-up row holds its bucket's
-min, mean, max and sample count, for host metrics (:class:`Rollup`) and engine metrics
-(:class:`EngineRollup`) alike, so the minimum a transient prefill buffer makes survives every
-tier, and a chart over any range reads at most a couple of thousand rows per series
-(``dashboard.series``).
+min, mean, max and sample count, for host metrics (:class:`Rollup`), engine metrics
+(:class:`EngineRollup`) and GPU metrics (:class:`GpuRollup`) alike, so the minimum a transient
+prefill buffer makes survives every tier, and a chart over any range reads at most a couple of
+thousand rows per series (``dashboard.series``). The three are one :class:`Family` each: its
+raw table, its roll-up table and the keys a series is told apart by.
 
 Roll-up is idempotent (a bucket is recomputed whole) and advances one per-node watermark; a
 bucket of a coarser tier is computed from the tier below once its last minute is rolled up.
@@ -27,12 +28,13 @@ Prune never deletes raw samples that are not rolled up yet, so a stopped beat lo
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from django.db import transaction
-from django.db.models import Avg, Count, Max, Min
+from django.db.models import Avg, Count, Max, Min, Model, QuerySet
 from django.db.models.functions import TruncMinute
 
 from collectors.models import (
@@ -42,6 +44,9 @@ from collectors.models import (
     EngineRollup,
     EngineSample,
     Event,
+    GpuMetric,
+    GpuRollup,
+    GpuSample,
     LedgerChange,
     Metric,
     Node,
@@ -87,6 +92,30 @@ def floor_to(moment: datetime, seconds: int) -> datetime:
     return datetime.fromtimestamp(stamp - stamp % seconds, UTC)
 
 
+@dataclass(frozen=True)
+class Family:
+    """One kind of series of a node: its raw samples and roll-ups (querysets limited to the
+    node), the keys that tell its series apart, and how a roll-up row of it is made."""
+
+    samples: QuerySet
+    rollups: QuerySet
+    keys: tuple[str, ...]
+    make: Callable[..., Model]
+
+
+def families(node: Node, engine_ids: list[int]) -> tuple[Family, ...]:
+    """The node's host, engine and GPU series, each rolled up and pruned the same way."""
+    return (
+        Family(Sample.objects.filter(node=node), Rollup.objects.filter(node=node), ("metric",),
+               partial(Rollup, node=node)),
+        Family(EngineSample.objects.filter(engine_id__in=engine_ids),
+               EngineRollup.objects.filter(engine_id__in=engine_ids), ("engine_id", "metric"),
+               EngineRollup),
+        Family(GpuSample.objects.filter(node=node), GpuRollup.objects.filter(node=node),
+               ("device_index", "metric"), partial(GpuRollup, node=node)),
+    )
+
+
 def rollup_node(node: Node, now: datetime, max_chunks: int = 8) -> int:
     """Roll up the node's complete minutes since its watermark, and the coarser buckets they
     complete; return the roll-up rows written.
@@ -96,17 +125,17 @@ def rollup_node(node: Node, now: datetime, max_chunks: int = 8) -> int:
     """
     end = floor_minute(now - ROLLUP_GRACE)
     start = node.rolled_up_until
-    engine_ids = list(Engine.objects.filter(node=node).values_list("pk", flat=True))
+    kinds = families(node, list(Engine.objects.filter(node=node).values_list("pk", flat=True)))
     written = 0
     for _ in range(max_chunks):
-        first = _first_sample_at(node, engine_ids, start)
+        first = _first_sample_at(kinds, start)
         if first is None or first >= end:
             if node.rolled_up_until is None or end > node.rolled_up_until:
-                _advance(node, engine_ids, start or end, end)
+                _advance(node, kinds, start or end, end)
             break
         start = floor_minute(first)
         chunk_end = min(end, start + ROLLUP_CHUNK)
-        rows = _advance(node, engine_ids, start, chunk_end)
+        rows = _advance(node, kinds, start, chunk_end)
         if rows is None:  # another run rolled this node up meanwhile: it carries on
             break
         written += rows
@@ -114,19 +143,15 @@ def rollup_node(node: Node, now: datetime, max_chunks: int = 8) -> int:
     return written
 
 
-def _first_sample_at(node: Node, engine_ids: list[int], since: datetime | None
-                     ) -> datetime | None:
-    host = Sample.objects.filter(node=node)
-    engines = EngineSample.objects.filter(engine_id__in=engine_ids)
-    if since is not None:
-        host, engines = host.filter(at__gte=since), engines.filter(at__gte=since)
-    firsts = [host.order_by("at").values_list("at", flat=True).first()]
-    if engine_ids:
-        firsts.append(engines.aggregate(first=Min("at"))["first"])
+def _first_sample_at(kinds: tuple[Family, ...], since: datetime | None) -> datetime | None:
+    firsts = []
+    for family in kinds:
+        rows = family.samples if since is None else family.samples.filter(at__gte=since)
+        firsts.append(rows.aggregate(first=Min("at"))["first"])
     return min((moment for moment in firsts if moment is not None), default=None)
 
 
-def _advance(node: Node, engine_ids: list[int], start: datetime, until: datetime
+def _advance(node: Node, kinds: tuple[Family, ...], start: datetime, until: datetime
              ) -> int | None:
     """Recompute the minutes of [start, until), the coarser buckets completed since the
     watermark (samples may have paused in between), and move the watermark, atomically.
@@ -145,15 +170,12 @@ def _advance(node: Node, engine_ids: list[int], start: datetime, until: datetime
                 rolled_up_until=until):
             node.refresh_from_db(fields=["rolled_up_until"])
             return None
-        host = _minute_rows(Sample.objects.filter(node=node), ("metric",), start, until)
-        engine = _minute_rows(EngineSample.objects.filter(engine_id__in=engine_ids),
-                              ("engine_id", "metric"), start, until)
-        written += _replace(Rollup.objects.filter(node=node), start, until, MINUTE,
-                            [Rollup(node=node, **row) for row in host])
-        written += _replace(EngineRollup.objects.filter(engine_id__in=engine_ids), start, until,
-                            MINUTE, [EngineRollup(**row) for row in engine])
+        for family in kinds:
+            minutes = _minute_rows(family.samples, family.keys, start, until)
+            written += _replace(family.rollups, start, until, MINUTE,
+                                [family.make(**row) for row in minutes])
         for finer, tier in zip(TIERS, TIERS[1:], strict=False):
-            written += _rollup_tier(node, engine_ids, finer, tier, completed_since, until)
+            written += _rollup_tier(kinds, finer, tier, completed_since, until)
         node.rolled_up_until = until
     return written
 
@@ -171,22 +193,19 @@ def _minute_rows(samples, keys: tuple[str, ...], start: datetime, until: datetim
              "count": g["n"]} for g in groups]
 
 
-def _rollup_tier(node: Node, engine_ids: list[int], finer: Tier, tier: Tier, start: datetime,
+def _rollup_tier(kinds: tuple[Family, ...], finer: Tier, tier: Tier, start: datetime,
                  until: datetime) -> int:
     """The buckets of ``tier`` that end in (start, until], from the rows of ``finer``."""
     first = floor_to(start, tier.resolution)
     last = floor_to(until, tier.resolution)  # buckets starting here are not complete yet
     if last <= first:
         return 0
-    host = Rollup.objects.filter(node=node, resolution=finer.resolution, start__gte=first,
-                                 start__lt=last)
-    engine = EngineRollup.objects.filter(engine_id__in=engine_ids, resolution=finer.resolution,
-                                         start__gte=first, start__lt=last)
-    written = _replace(Rollup.objects.filter(node=node), first, last, tier,
-                       [Rollup(node=node, **row) for row in _merge(host, ("metric",), tier)])
-    written += _replace(EngineRollup.objects.filter(engine_id__in=engine_ids), first, last, tier,
-                        [EngineRollup(**row) for row in _merge(engine, ("engine_id", "metric"),
-                                                                tier)])
+    written = 0
+    for family in kinds:
+        rows = family.rollups.filter(resolution=finer.resolution, start__gte=first,
+                                     start__lt=last)
+        written += _replace(family.rollups, first, last, tier,
+                            [family.make(**row) for row in _merge(rows, family.keys, tier)])
     return written
 
 
@@ -222,22 +241,24 @@ def prune_node(node: Node, now: datetime, raw_days: float, rollup_days: float) -
         raw_cutoff = min(raw_cutoff, now - timedelta(days=rollup_days))
     engine_ids = list(Engine.objects.filter(node=node).values_list("pk", flat=True))
     samples = 0
-    for metric in Metric.values:  # one (node, metric, at) index range per delete
+    # One (node, metric, at) or (engine, metric, at) index range per delete.
+    for metric in Metric.values:
         samples += Sample.objects.filter(node=node, metric=metric, at__lt=raw_cutoff).delete()[0]
     for engine_id in engine_ids:
-        for metric in EngineMetric.values:  # one (engine, metric, at) index range per delete
+        for metric in EngineMetric.values:
             samples += EngineSample.objects.filter(engine_id=engine_id, metric=metric,
                                                    at__lt=raw_cutoff).delete()[0]
+    for metric in GpuMetric.values:
+        samples += GpuSample.objects.filter(node=node, metric=metric,
+                                            at__lt=raw_cutoff).delete()[0]
     collections = Collection.objects.filter(node=node, at__lt=raw_cutoff).delete()[0]
     history = timedelta(days=rollup_days)
     rollups = 0
     for tier in TIERS:
         cutoff = now - min(tier.keep or history, history)
-        rollups += Rollup.objects.filter(node=node, resolution=tier.resolution,
-                                         start__lt=cutoff).delete()[0]
-        rollups += EngineRollup.objects.filter(engine_id__in=engine_ids,
-                                               resolution=tier.resolution,
-                                               start__lt=cutoff).delete()[0]
+        for family in families(node, engine_ids):
+            rollups += family.rollups.filter(resolution=tier.resolution,
+                                             start__lt=cutoff).delete()[0]
     # Events and ledger changes (alert causes, timeline markers) are few: kept as long as history.
     Event.objects.filter(node=node, at__lt=now - history).delete()
     LedgerChange.objects.filter(node=node, at__lt=now - history).delete()

@@ -11,7 +11,7 @@ from django.utils import timezone
 from collectors import docker_api, engines
 from collectors.gpus import record_gpu_report
 from collectors.hostmemory import collect_host_memory as collect_into
-from collectors.hostmemory import window_figures
+from collectors.hostmemory import configured_budget, window_figures
 from collectors.ledger import update_ledger
 from collectors.models import Node
 from collectors.nodes import local_node, local_procfs
@@ -46,6 +46,7 @@ def collect_host_memory(node_name: str) -> int:
         local_procfs(),
         duration=window_seconds(settings.SPARKOPS_COLLECT_INTERVAL),
         period=settings.SPARKOPS_DIP_PERIOD,
+        budget=configured_budget(),
     )
     if collection.ok:
         update_ledger(node, window_figures(window), collection.at)

@@ -3,13 +3,15 @@
 Segments, left to right: each engine (weights, KV pool, CUDA graphs — or what it actually holds
 when its parts are not reported), other processes, reclaimable page cache, free memory, and the
 rest (kernel, slab, shared memory: MemTotal minus everything named). The headroom (MemAvailable)
-is the right-hand region; each engine's prefill need is marked from its start.
+is the right-hand region; each engine's prefill need is marked from its start. When the engines
+run in a memory budget whose room is smaller, where that room ends is marked too, and the
+headroom is told in words within the budget (:func:`headroom_words`).
 """
 
 from __future__ import annotations
 
 from collectors.models import Node
-from sparkops.units import gib
+from sparkops.units import bytes_text, gib
 
 
 def _pct(value: int, total: int) -> float:
@@ -48,6 +50,7 @@ def ledger_bar(node: Node) -> dict | None:
         segment["gib"] = _gib(segment["bytes"])
     headroom = ledger.get("headroom")
     start = total - available if available is not None else None
+    budget_room = _bounding_budget_room(ledger)
     markers = [
         {"engine": share["name"], "gib": _gib(share["prefill_need"]),
          "source": share["prefill_need_source"],
@@ -60,6 +63,10 @@ def ledger_bar(node: Node) -> dict | None:
         "available_gib": _gib(available),
         "headroom_gib": _gib(headroom),
         "headroom_start_pct": _pct(start, total) if start is not None else None,
+        "budget_end_pct": min(_pct(start + budget_room, total), 100.0)
+        if start is not None and budget_room is not None else None,
+        "headroom_source": ledger.get("headroom_source"),
+        "headroom_words": headroom_words(ledger, total),
         "segments": segments,
         "markers": markers,
         "engines": [
@@ -88,3 +95,33 @@ def _engine_segments(share: dict) -> list[dict]:
                  "bytes": actual}] if actual else []
     return [{"kind": f"engine-{i}", "label": f"{share['name']}: {name}", "bytes": value}
             for i, (name, value) in enumerate(parts) if value]
+
+
+def _bounding_budget_room(ledger: dict) -> int | None:
+    """The memory budget's room when it bounds the headroom, else None."""
+    return ledger.get("budget_headroom") if ledger.get("headroom_source") == "budget" else None
+
+
+def headroom_words(ledger: dict, total: int | None) -> str:
+    """The ledger's headroom in words: MemAvailable and its interval minimum of MemTotal and,
+    when the engines run in a memory budget, the budget's room and limit, saying which of the
+    two bounds the headroom (an unlimited or unreadable budget says so)."""
+    host_lowest = ledger.get("host_headroom", ledger.get("headroom"))
+    host = (f"MemAvailable {bytes_text(ledger.get('mem_available'))}, lowest in the interval "
+            f"{bytes_text(host_lowest)}, of {bytes_text(total)}")
+    budget = ledger.get("budget")
+    if not budget:
+        return host
+    where = f"the memory budget {budget.get('cgroup')}"
+    if budget.get("limit") is None:
+        if budget.get("unlimited"):
+            return f"{host}; {where} has no limit, so MemAvailable bounds the headroom"
+        return f"{host}; {where} could not be read ({budget.get('note')})"
+    within = f"within {where} (limit {bytes_text(budget['limit'])})"
+    room = ledger.get("budget_headroom")  # its interval minimum, else its room at the end
+    if room is None:
+        return f"{host}; the room {within} is unknown ({budget.get('note')})"
+    if ledger.get("headroom_source") == "budget":
+        return (f"{bytes_text(room)} {within}, its lowest room in the interval; the host has "
+                f"{host}")
+    return f"{host}; the room {within} is {bytes_text(room)}, more than that"

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from collectors.hostmemory import latest_collection
+from collectors.hostmemory import LatestCollection, latest_collection
 from collectors.models import Collection, Metric, Node, Sample
+from collectors.procfs import NO_LIMIT_NOTE
 from collectors.sampling import stale_after
 from dashboard.downsample import SeriesPoint, break_long_gaps, downsample
 from sparkops.units import UNKNOWN, fixed_gib_text, gib
@@ -35,6 +36,7 @@ class Figure:
 
 
 NO_SWAP = "no swap"  # how "Swap in use" reads where SwapTotal is 0
+NO_LIMIT = "no limit"  # how the budget's room reads where the budget has no limit
 
 FIGURES = [
     Figure("mem_available", Metric.MEM_AVAILABLE, "MemAvailable",
@@ -45,6 +47,10 @@ FIGURES = [
     Figure("mem_free", Metric.MEM_FREE, "MemFree (≈ CUDA free on GB10)",
            "Truly unused memory. An engine starting now sees this as free, not MemAvailable.",
            "GiB"),
+    # Shown only for a node whose engines run in a memory budget (see _budget_figure).
+    Figure("budget_room_min", Metric.MEMORY_BUDGET_ROOM_MIN, "Room in the memory budget",
+           "The budget's limit less what it holds (less its inactive page cache), lowest in the "
+           "interval.", "GiB"),
     Figure("page_cache_reclaimable", Metric.PAGE_CACHE_RECLAIMABLE, "Reclaimable page cache",
            "Cached − Shmem + Buffers + SReclaimable: what dropping caches could give back.", "GiB"),
     Figure("swap_used", Metric.SWAP_USED, "Swap in use",
@@ -74,7 +80,8 @@ def current_headroom(node: Node, now: datetime, interval: float) -> dict:
     known about the node is what its operator needs to see. Cost: three indexed queries.
     """
     reading = latest_collection(node, now, interval,
-                                [figure.metric for figure in FIGURES] + [Metric.SWAP_TOTAL])
+                                [figure.metric for figure in FIGURES]
+                                + [Metric.SWAP_TOTAL, Metric.MEMORY_BUDGET_LIMIT])
     latest = reading.collection
     last_failure = Collection.objects.filter(node=node, ok=False).order_by("-at").first()
     payload: dict = {
@@ -96,6 +103,10 @@ def current_headroom(node: Node, now: datetime, interval: float) -> dict:
     no_swap = _no_swap(reading.samples.get(Metric.SWAP_TOTAL))
     for figure in FIGURES:
         sample = reading.samples.get(figure.metric)
+        if figure.metric == Metric.MEMORY_BUDGET_ROOM_MIN:
+            if sample is not None:  # no budget watched: no figure at all
+                payload["figures"].append(_budget_figure(figure, sample, reading, node))
+            continue
         value = sample.value if sample else None
         if sample is None:
             reason = reading.error if reading.ok is False else "no collection yet"
@@ -115,6 +126,35 @@ def current_headroom(node: Node, now: datetime, interval: float) -> dict:
             "unknown_reason": reason if value is None else None,
         })
     return payload
+
+
+def _budget_figure(figure: Figure, room: Sample, reading: LatestCollection, node: Node) -> dict:
+    """The budget's lowest room, its help saying where the budget is, its limit and whether it
+    bounds the headroom; "no limit" (not a number) for an unlimited budget."""
+    limit = reading.samples.get(Metric.MEMORY_BUDGET_LIMIT)
+    unlimited = limit is not None and limit.value is None and limit.note.startswith(NO_LIMIT_NOTE)
+    cgroup = ((node.ledger or {}).get("budget") or {}).get("cgroup") or "(cgroup not recorded)"
+    limit_text = NO_LIMIT if unlimited else _display(figure, limit.value if limit else None)
+    where = f"Within the memory budget {cgroup} (limit {limit_text}): {figure.help}"
+    entry = {"key": figure.key, "label": figure.label, "unit": figure.unit,
+             "value": _scaled(figure, room.value), "display": _display(figure, room.value),
+             "help": where, "unknown_reason": None}
+    if room.value is None:
+        entry["unknown_reason"] = room.note or "not read"
+        if unlimited:
+            entry["display"] = NO_LIMIT
+            entry["unknown_reason"] = (f"{limit.note}: the budget has no room of its own, so "
+                                       "MemAvailable bounds the headroom.")
+        return entry
+    host = reading.samples.get(Metric.MEM_AVAILABLE_MIN)
+    host_value = host.value if host is not None else None
+    if host_value is None or room.value <= host_value:
+        entry["help"] += (" It bounds the headroom: the lowest MemAvailable is "
+                          f"{_display(figure, host_value)}.")
+    else:
+        entry["help"] += (" The lowest MemAvailable, "
+                          f"{_display(figure, host_value)}, is smaller and bounds the headroom.")
+    return entry
 
 
 def _no_swap(swap_total: Sample | None) -> bool:

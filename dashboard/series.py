@@ -22,7 +22,16 @@ from django.db import connections
 from django.db.models import BigIntegerField, CharField, F, Func, Max, Min, QuerySet
 from django.db.models.functions import Cast
 
-from collectors.models import Engine, EngineRollup, EngineSample, Node, Rollup, Sample
+from collectors.models import (
+    Engine,
+    EngineRollup,
+    EngineSample,
+    GpuRollup,
+    GpuSample,
+    Node,
+    Rollup,
+    Sample,
+)
 from collectors.retention import MINUTE, TIERS, floor_to
 from dashboard.downsample import SeriesPoint
 
@@ -76,6 +85,15 @@ def engine_points(engines: Iterable[Engine], metrics: Iterable[int], start: date
                     metrics, start, end, resolution, engines[0].node.rolled_up_until,
                     bucket_seconds)
     return {(pk, metric): found.get((pk, metric), []) for pk in ids for metric in metrics}
+
+
+def gpu_points(node: Node, metrics: Iterable[int], start: datetime, resolution: int,
+               bucket_seconds: float = 0) -> dict[tuple[int, int], list[SeriesPoint]]:
+    """The node's GPU series from ``start`` to now at ``resolution`` (0: raw), by (device
+    index, metric), for every device with rows in range; grouped like :func:`host_points`."""
+    return _points(GpuSample.objects.filter(node_id=node.pk),
+                   GpuRollup.objects.filter(node_id=node.pk), ("device_index", "metric"),
+                   list(metrics), start, None, resolution, node.rolled_up_until, bucket_seconds)
 
 
 def _points(samples: QuerySet, rollups: QuerySet, keys: tuple[str, ...], metrics: list[int],

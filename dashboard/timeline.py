@@ -10,6 +10,9 @@ Panels, top to bottom (all share one x axis on the page):
   processes whose size moved.
 * ``kv`` — KV-cache usage per engine (%).
 * ``prefill`` and ``decode`` — tok/s per engine.
+* ``gpu_utilization_gpu_pct``, ``gpu_temperature_c``, ``gpu_power_w``, ``gpu_sm_clock_mhz`` —
+  NVML's figures per GPU (``dashboard.gpuseries``), only on a node with a GPU in range or in
+  its latest report; each carries the words it shows when it has no line (``empty``).
 
 **Exact and stepwise.** Host series, what an engine holds (NVML per-process memory, else its
 cgroup), KV usage and tok/s are *exact*: the values measured at each collection (per-minute or
@@ -46,6 +49,7 @@ from collectors.models import (
 )
 from dashboard.alerting.models import Alert
 from dashboard.downsample import SeriesPoint
+from dashboard.gpuseries import gpu_history
 from dashboard.memory import RANGES, collection_failures, gap_step_seconds, reduce_series
 from dashboard.restarts.models import Restart
 from dashboard.series import (
@@ -118,10 +122,11 @@ def timeline(node: Node, range_key: str, now: datetime, max_points: int, interva
     """The timeline of ``node`` over ``range_key`` ending at ``now``, as JSON-ready data.
 
     ``shown_start`` is where the axis starts (:func:`_shown_start`). ``series`` entries carry
-    their ``panel``, ``label``, ``unit``, ``engine`` (or None),
+    their ``panel``, ``label``, ``unit``, ``engine`` and GPU ``device`` index (or None),
     ``exactness`` ("exact" or "stepwise") and equally long ``x`` (ISO 8601) and ``y`` lists
     of at most ``max_points``. ``markers`` carry ``at`` (and ``until`` for a restart's outage),
-    ``lane``, ``kind``, ``label`` and a hover ``text``.
+    ``lane``, ``kind``, ``label`` and a hover ``text``. ``gpu`` says whether GPU panels are
+    ``shown`` and carries their ``notes`` and ``failures`` (:class:`GpuHistory`).
     """
     span = RANGES[range_key]
     start = now - span
@@ -134,8 +139,8 @@ def timeline(node: Node, range_key: str, now: datetime, max_points: int, interva
                    chart_bucket_seconds(span, budget))
     failures = collection_failures(node, start, now)
     engines = _engines_in_range(node, start)
-    host = host_points(node, [spec.metric for spec in HOST_SERIES], frame.start,
-                       frame.resolution, frame.bucket)
+    host = host_points(node, [spec.metric for spec in HOST_SERIES] + [Metric.SWAP_TOTAL],
+                       frame.start, frame.resolution, frame.bucket)
     series = _host_series(host, frame, failures)
     metrics = [spec[2] for spec in ENGINE_SERIES] + HOLDINGS
     found = engine_points(engines, metrics, frame.start, frame.end, frame.resolution,
@@ -144,6 +149,10 @@ def timeline(node: Node, range_key: str, now: datetime, max_points: int, interva
     series += _ledger_series(node, engines, frame, found, spans)
     for engine in engines:
         series += _engine_rate_series(engine, frame, found)
+    gpu = gpu_history(node, start=frame.start, end=frame.end, resolution=frame.resolution,
+                      budget=frame.budget, step=frame.step, bucket=frame.bucket)
+    series += [_entry(line.panel, line.key, line.label, line.unit, line.points,
+                      device=line.device) for line in gpu.lines]
     return {
         "node": node.name,
         "range": range_key,
@@ -152,8 +161,9 @@ def timeline(node: Node, range_key: str, now: datetime, max_points: int, interva
         "shown_start": _shown_start(node, start).isoformat(),
         "source": source_label(resolution),
         "max_points": max_points,
-        "panels": PANELS,
+        "panels": PANELS + gpu.panels,
         "engines": [engine.name for engine in engines],
+        "gpu": gpu.as_dict(),
         "series": series,
         "markers": markers(node, start, now),
         "failures": [{"at": at.isoformat(), "error": error} for at, error in failures],
@@ -179,10 +189,11 @@ def _engines_in_range(node: Node, start: datetime) -> list[Engine]:
 
 
 def _entry(panel: str, key: str, label: str, unit: str, points: Points, *,
-           engine: str | None = None, exactness: str = "exact", scale: float = 1.0) -> dict:
+           engine: str | None = None, device: int | None = None, exactness: str = "exact",
+           scale: float = 1.0) -> dict:
     return {
         "panel": panel, "key": key, "label": label, "unit": unit, "engine": engine,
-        "exactness": exactness,
+        "device": device, "exactness": exactness,
         "x": [at.isoformat() for at, _ in points],
         "y": [None if value is None else round(value * scale, 3) for _, value in points],
     }
@@ -205,10 +216,25 @@ def _host_series(found: dict[int, list[SeriesPoint]], frame: _Frame,
                  failures: list[tuple[datetime, str]]) -> list[dict]:
     out = []
     for spec in HOST_SERIES:
-        points = reduce_series(found[spec.metric], failures, frame.budget, frame.step)
+        source = found[spec.metric]
+        if spec.metric == Metric.SWAP_USED:
+            source = swap_where_there_was_swap(source, found[Metric.SWAP_TOTAL])
+        points = reduce_series(source, failures, frame.budget, frame.step)
         scale = 1 / GIB if spec.unit == "GiB" else 1.0
         out.append(_entry("headroom", spec.key, spec.label, spec.unit, points, scale=scale))
     return out
+
+
+def swap_where_there_was_swap(used: list[SeriesPoint], total: list[SeriesPoint]
+                              ) -> list[SeriesPoint]:
+    """Swap in use, without the times the machine had no swap (SwapTotal 0 at that sample or
+    throughout that bucket): nothing can be in use there, and a line along 0 would read as
+    "swap is fine" where there is none. Those points become gaps."""
+    no_swap = {point.at for point in total if point.high == 0}
+    if not no_swap:
+        return used
+    return [SeriesPoint(point.at, None, None) if point.at in no_swap else point
+            for point in used]
 
 
 # --- engine samples ------------------------------------------------------------------------------

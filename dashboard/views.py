@@ -21,6 +21,7 @@ from dashboard.engines import (
     recent_events,
     restart_history,
 )
+from dashboard.gpuseries import current_gpus
 from dashboard.ledger import ledger_bar
 from dashboard.memory import RANGES, current_headroom
 from dashboard.roofline.figure import engine_roofline
@@ -74,6 +75,7 @@ def overview(request: HttpRequest, node: str) -> HttpResponse:
         **_cards_context(watched),
         "nodes": Node.objects.all(),
         "headroom": headroom,
+        "gpus": current_gpus(watched),
         "ranges": list(RANGES),
         "range_key": range_key,
         "headroom_url": reverse("dashboard:headroom-json", args=[watched.name]),

@@ -75,3 +75,17 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if value is None:
         return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_path_below(name: str, root: str, example: str) -> str:
+    """An absolute path strictly below ``root``, normalised ("" when unset). A relative path,
+    one with ``..`` or one outside ``root`` stops start-up naming the variable."""
+    value = _raw(name)
+    if value is None:
+        return ""
+    path = os.path.normpath(value)
+    below = path.startswith(root.rstrip("/") + "/")
+    if not os.path.isabs(value) or ".." in value.split("/") or not below:
+        raise ImproperlyConfigured(f"{name}={value!r}: expected an absolute path below {root}, "
+                                   f"e.g. {example}")
+    return path

@@ -19,7 +19,15 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from sparkops.datadir import PRIVATE_UMASK, create_private_file
-from sparkops.env import env_bool, env_float, env_int, env_list, env_optional, env_str
+from sparkops.env import (
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_optional,
+    env_path_below,
+    env_str,
+)
 
 # Every process of SparkOps loads these settings before it creates a file: from here on, what it
 # creates (the data directory, SQLite and its -wal/-shm, broker messages, the beat schedule) is
@@ -249,6 +257,13 @@ SPARKOPS_COLLECT_INTERVAL = env_float("SPARKOPS_COLLECT_INTERVAL", 5.0, minimum=
 # How often MemAvailable is read inside an interval; 0.1 s catches any dip of 0.5 s or longer.
 SPARKOPS_DIP_PERIOD = env_float("SPARKOPS_DIP_PERIOD", 0.1, minimum=0.01)
 SPARKOPS_PROCFS = env_str("SPARKOPS_PROCFS", "/proc")
+# The memory cgroup the node's engines are confined to (a systemd slice with MemoryMax=, a
+# container cgroup parent), if any: cgroup v2 or a v1 memory controller's directory. Its room
+# (limit less its working set) is read with MemAvailable, and the headroom is the smaller of
+# the two. Empty: no budget, the headroom is the host's.
+SPARKOPS_MEMORY_BUDGET_CGROUP = env_path_below(
+    "SPARKOPS_MEMORY_BUDGET_CGROUP", "/sys/fs/cgroup",
+    "/sys/fs/cgroup/inference.slice or /sys/fs/cgroup/memory/inference")
 # History is kept in tiers (collectors.retention): raw 5 s samples for a day, then minute,
 # ten-minute and hourly roll-ups (min/mean/max), the last for SPARKOPS_ROLLUP_RETENTION_DAYS.
 SPARKOPS_RAW_RETENTION_DAYS = env_float("SPARKOPS_RAW_RETENTION_DAYS", 1, minimum=0.01)

@@ -13,7 +13,9 @@ from django.utils import timezone
 from collectors.models import Node
 from dashboard.alerting.models import Alert
 from dashboard.restarts.models import Restart
+from dashboard.restarts.planning import plan_restart
 from tests.browser import _compile_predicates_as_functions
+from tests.restarts.plan_factories import make_window
 from tests.test_browser_pages import (
     GIB,
     PASSWORD,
@@ -82,6 +84,22 @@ def test_a_browser_in_seoul_reads_every_time_in_kst(live_server, seoul_page, dja
     page.wait_for_function("document.getElementById('startup-chart')?._fullLayout")
     title = page.evaluate("document.getElementById('startup-chart')._fullLayout.xaxis.title.text")
     assert title == "time (KST)"
+
+    # A Berlin window and a plan in it: the viewer's zone first, the window's own beside it.
+    window = make_window(node, name="berlin night", zone="Europe/Berlin",
+                         local_start=datetime(2036, 11, 2, 3, 0))
+    type(restart.engine).objects.filter(pk=restart.engine_id).update(managed=True)
+    restart.engine.refresh_from_db()
+    planned = plan_restart(restart.engine, user=django_user_model.objects.get(), window=window,
+                           now=timezone.now(), reason="zones")
+    page.goto(f"{live_server.url}/restarts/windows/")
+    row = page.locator("tr", has_text="berlin night").inner_text()
+    assert "2036-11-02 11:00–13:00 KST" in row and "2036-11-02 03:00–05:00 CET" in row
+    page.goto(f"{live_server.url}/restarts/{planned.pk}/")
+    shown = page.locator("main").inner_text()
+    assert seoul(planned.scheduled_for) in shown
+    assert "(window's zone: 2036-11-02 03:00 CET, Europe/Berlin)" in shown
+    assert "Sun 2036" not in shown
 
     # The overview: the firing banner's exact time (its tooltip), the last collection, the
     # timeline's axis title and a point drawn at Seoul's wall-clock time.

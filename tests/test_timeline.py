@@ -74,6 +74,25 @@ def test_panels_share_one_range_and_host_series_are_in_gib_with_gaps(node, now):
     assert _series(data, "mem_free")["y"] == [None]  # nothing known: a gap only
 
 
+def test_swap_in_use_is_no_line_while_the_machine_has_no_swap(node, now):
+    """Swap added halfway: before it, SwapTotal 0 and 'used' 0 are no line (a 0 would read as
+    'swap is fine'); after it, the real use is drawn."""
+    rows = []
+    for i in range(10):
+        at = now - timedelta(seconds=10 * (10 - i))
+        total = 0 if i < 5 else 8 * GIB
+        used = 0 if i < 5 else GIB
+        rows += [Sample(node=node, metric=Metric.SWAP_TOTAL, at=at, value=total),
+                 Sample(node=node, metric=Metric.SWAP_USED, at=at, value=used)]
+    Sample.objects.bulk_create(rows)
+
+    data = timeline(node, "1h", now, max_points=500, interval=10)
+
+    values = [y for _, y in _pairs(_series(data, "swap_used"))]
+    assert values[:5] == [None] * 5
+    assert [y for y in values[5:] if y is not None] == [1.0] * 5
+
+
 def test_every_series_stays_within_max_points_and_keeps_the_dip(node, now):
     rows = [Sample(node=node, metric=Metric.MEM_AVAILABLE_MIN, at=now - timedelta(seconds=2 * i),
                    value=(4 if i == 777 else 40) * GIB) for i in range(1700)]

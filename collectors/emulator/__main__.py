@@ -6,13 +6,30 @@ import sys
 from collections.abc import Sequence
 
 from .app import run
-from .cli import parse_or_exit
+from .cli import USAGE, CliError, parse_or_exit
+from .knobs import engine_of
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse the command line (exit 2 if refused) and run the emulator; return its exit status."""
-    config = parse_or_exit(sys.argv[1:] if argv is None else argv)
-    return run(config)
+    """Parse the command line (exit 2 if refused) and run the emulator; return its exit status.
+
+    ``--emulator-engine`` picks the engine it speaks: vLLM (the default, `cli` and `app`),
+    llama.cpp's llama-server (`llamacpp`) or Ollama (`ollama`).
+    """
+    try:
+        engine, args = engine_of(sys.argv[1:] if argv is None else argv)
+    except CliError as error:
+        sys.stderr.write(f"{USAGE}\nerror: {error}\n")
+        return 2
+    if engine == "llamacpp":
+        from . import llamacpp
+
+        return llamacpp.main(args)
+    if engine == "ollama":
+        from . import ollama
+
+        return ollama.main(args)
+    return run(parse_or_exit(args))
 
 
 if __name__ == "__main__":

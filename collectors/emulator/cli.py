@@ -279,6 +279,8 @@ honoured vLLM flags:
   Other flags are accepted and ignored, except those the emulated release rejects.
 
 emulator flags:
+  --emulator-engine {{vllm,llamacpp,ollama}}  the engine spoken (default vllm; the others take
+                                         their own command line, see `knobs`)
   --emulator-style {{0.33,0.10}}          log/metric dialect (default 0.33)
   --emulator-version V                   version it claims (0.33.0 / 0.10.1)
   --emulator-weights-bytes N             memory held as weights (64M)

@@ -181,6 +181,12 @@ class Engine:
                 kv_usage=self._kv_usage(),
             )
 
+    def running_requests(self) -> list[tuple[int, int]]:
+        """(prompt tokens, tokens generated so far) of each running request, oldest first:
+        what llama.cpp's `/slots` shows of a busy slot."""
+        with self._cond:
+            return [(request.prompt_tokens, request.generated) for request in self._running]
+
     def in_flight(self) -> int:
         """`/load`'s `server_load`: requests inside the engine."""
         with self._cond:

@@ -9,7 +9,8 @@ What counts as *current*:
 * Host memory comes from the latest collection only (``collectors.hostmemory``), and only when
   it succeeded and is not stale (``collectors.sampling.stale_after``: the worker or beat is not
   running). A failed or stale collection makes the figures unknown; the collection's age is
-  always known.
+  always known. Where the node's engines run in a memory budget, the headroom is the smaller of
+  the host's and the budget's room, as in the ledger (``collectors.ledger.Ledger.headroom``).
 * An engine's serving figures (requests, KV usage, rates, latency quantiles) come from its last
   scrape only while its container runs and that scrape succeeded; the rates of an interval in
   which the engine restarted are None (``collectors.vllm.rates``), never 0 or negative.
@@ -61,6 +62,9 @@ HOST_FIGURES: tuple[HostFigure, ...] = (
     HostFigure("psi_some_avg10_ratio", Metric.PSI_SOME_AVG10, 0.01),
     HostFigure("psi_full_avg10_ratio", Metric.PSI_FULL_AVG10, 0.01),
 )
+# The memory budget's room, its interval minimum first (the ledger's rule); it bounds the
+# headroom where it is smaller.
+_BUDGET_ROOM = (Metric.MEMORY_BUDGET_ROOM_MIN, Metric.MEMORY_BUDGET_ROOM)
 
 # Every phase an engine row can hold: the startup log's phases (collectors.vllm.logs.PHASES),
 # "starting" / "stopped" for a container without a recognisable log or not running, and "gone"
@@ -101,20 +105,26 @@ class HostReading:
     stale: bool
     values: dict[str, float | int | None] = field(default_factory=dict)
     unknown_reasons: dict[str, str] = field(default_factory=dict)
+    # The memory budget's room (its interval minimum first); None without a budget, for an
+    # unlimited one and when unknown.
+    budget_room_bytes: int | None = None
 
     @property
     def headroom_bytes(self) -> int | None:
-        """Room for a transient buffer: the interval's lowest MemAvailable, else MemAvailable
-        (the ledger's definition, ``collectors.ledger.Ledger.headroom``)."""
+        """Room for a transient buffer: the interval's lowest MemAvailable, else MemAvailable,
+        or the memory budget's room when that is smaller (the ledger's definition,
+        ``collectors.ledger.Ledger.headroom``)."""
         lowest = self.values.get("mem_available_interval_min_bytes")
         value = lowest if lowest is not None else self.values.get("mem_available_bytes")
-        return None if value is None else int(value)
+        known = [int(v) for v in (value, self.budget_room_bytes) if v is not None]
+        return min(known) if known else None
 
 
 def host_reading(node: Node, now: datetime, interval: float) -> HostReading:
     """Read ``node``'s current host figures. Cost: two indexed queries (the latest collection,
     then its window's samples: ``collectors.hostmemory.latest_collection``)."""
-    latest = latest_collection(node, now, interval, [figure.metric for figure in HOST_FIGURES])
+    latest = latest_collection(node, now, interval, [figure.metric for figure in HOST_FIGURES]
+                               + list(_BUDGET_ROOM))
     if latest.collection is None:
         return _unknown(HostReading(None, None, None, "", True), "no collection yet")
     age = max(latest.age_seconds or 0.0, 0.0)
@@ -135,7 +145,11 @@ def host_reading(node: Node, now: datetime, interval: float) -> HostReading:
             continue
         value = sample.value * figure.scale
         reading.values[figure.key] = round(value) if figure.is_bytes else value
+    rooms = [latest.samples.get(metric) for metric in _BUDGET_ROOM]
+    reading.budget_room_bytes = next((round(room.value) for room in rooms
+                                      if room is not None and room.value is not None), None)
     return reading
+
 
 
 def _unknown(reading: HostReading, reason: str) -> HostReading:

@@ -12,7 +12,8 @@ Node series (label ``node``):
   MemAvailable within the latest collection interval), ``sparkops_mem_free_bytes``,
   ``sparkops_page_cache_reclaimable_bytes``, ``sparkops_swap_used_bytes``,
   ``sparkops_psi_some_avg10_ratio``, ``sparkops_psi_full_avg10_ratio`` (memory PSI as 0–1),
-  ``sparkops_headroom_bytes`` (interval minimum, else MemAvailable) — latest collection only.
+  ``sparkops_headroom_bytes`` (interval minimum, else MemAvailable; the engines' memory budget's
+  room where that is smaller) — latest collection only.
 * ``sparkops_collection_age_seconds`` (since the latest collection attempt) and
   ``sparkops_collection_ok`` (1 when that attempt read the node's memory, else 0).
 * ``sparkops_ledger_age_seconds`` and ``sparkops_ledger_others_bytes`` (every process that is
@@ -176,7 +177,8 @@ class SparkOpsCollector:
         total = _gauge("mem_total_bytes", "MemTotal of the node, as last read from it.", NODE)
         figures = {f.key: _gauge(f.key, _HOST_HELP[f.key], NODE) for f in HOST_FIGURES}
         headroom = _gauge("headroom_bytes", "Room left for a transient buffer: the lowest "
-                          "MemAvailable of the latest interval, else MemAvailable.", NODE)
+                          "MemAvailable of the latest interval, else MemAvailable, or the "
+                          "engines' memory budget's room when that is smaller.", NODE)
         age = _gauge("collection_age_seconds", "Seconds since the latest host-memory collection "
                      "attempt.", NODE)
         ok = _gauge("collection_ok", "1 when the latest host-memory collection read the node's "

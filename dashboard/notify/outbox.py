@@ -165,20 +165,28 @@ def enqueue(
 
     ``channels`` None means :func:`channels_for` ``node``; given channels are used as they are,
     enabled or not (the "Send test" button). Each row's payload is ``payload`` with ``id`` set
-    to its ``message_id`` and ``timestamp`` to its creation time (see ``payloads``). Cost: one
-    query for the channels and one INSERT.
+    to its ``message_id`` and ``timestamp`` to its creation time (see ``payloads``). A channel
+    deleted meanwhile gets none. Cost: one query for the channels, one to lock them and one
+    INSERT.
     """
     if kind not in Notification.Kind.values:
         raise ValueError(f"unknown notification kind {kind!r}")
     targets = list(channels_for(node) if channels is None else channels)
     at = now or timezone.now()
-    rows = []
-    for channel in targets:
-        row = Notification(channel=channel, kind=kind, alert_id=alert_id, subject=subject,
-                           text=text, html=html, created_at=at, next_attempt_at=at)
-        row.payload = {**payload, "id": row.message_id, "timestamp": at.isoformat()}
-        rows.append(row)
     with transaction.atomic():
+        # Lock the channels first: one being deleted meanwhile (``notify.views``, which locks it
+        # too) is waited for and then left out, instead of failing this insert on its key.
+        present = set(Channel.objects.select_for_update()
+                      .filter(pk__in=[channel.pk for channel in targets])
+                      .values_list("pk", flat=True))
+        rows = []
+        for channel in targets:
+            if channel.pk not in present:
+                continue
+            row = Notification(channel=channel, kind=kind, alert_id=alert_id, subject=subject,
+                               text=text, html=html, created_at=at, next_attempt_at=at)
+            row.payload = {**payload, "id": row.message_id, "timestamp": at.isoformat()}
+            rows.append(row)
         return Notification.objects.bulk_create(rows)
 
 

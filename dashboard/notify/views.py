@@ -205,6 +205,9 @@ def _delete_channel(channel: Channel) -> tuple[int, int]:
     """
     now = timezone.now()
     with transaction.atomic():
+        # The channel's lock orders this against ``outbox.enqueue``: a notice queued just before
+        # is given up below; one queued after finds the channel gone.
+        Channel.objects.select_for_update().filter(pk=channel.pk).first()
         if _open(channel).filter(**_live_claim(now)).exists():
             raise ChannelBusy(channel.name)
         stale_or_free = _open(channel).exclude(**_live_claim(now))

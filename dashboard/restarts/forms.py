@@ -29,6 +29,7 @@ from dashboard.restarts.windows import (
     resolve_zone,
     split_recurrence,
 )
+from sparkops.timetext import clock_text, same_clock, span_text, zone_name
 
 DATETIME_LOCAL = "%Y-%m-%dT%H:%M"
 INPUT_FORMATS = [DATETIME_LOCAL, "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M"]
@@ -181,8 +182,9 @@ class RestartWindowForm(forms.ModelForm):
             other_zone = resolve_zone(overlap.other.time_zone)
             rows.append({
                 "other": overlap.other.name,
-                "this": _span(overlap.start, overlap.end, zone),
-                "theirs": _span(overlap.other_start, overlap.other_end, other_zone),
+                "this": f"{span_text(overlap.start, overlap.end, zone)} {zone_name(zone)}",
+                "theirs": f"{span_text(overlap.other_start, overlap.other_end, other_zone)} "
+                          f"{zone_name(other_zone)}",
             })
         return rows
 
@@ -288,11 +290,6 @@ def _overlapping_pairs(mine: list[WindowOccurrence], theirs: list[WindowOccurren
     return pairs
 
 
-def _span(start: datetime, end: datetime, zone: Any) -> str:
-    local_start, local_end = start.astimezone(zone), end.astimezone(zone)
-    return f"{local_start:%a %Y-%m-%d %H:%M}–{local_end:%H:%M} {zone.key}"
-
-
 def _window_initial(window: RestartWindow) -> dict[str, Any]:
     try:
         local_start, zone, rule = split_recurrence(window.recurrence)
@@ -309,9 +306,10 @@ def _window_label(window: RestartWindow, now: datetime) -> str:
         return f"window {window.name}{scope}: unreadable ({error})"
     if found is None:
         return f"window {window.name}{scope}: no further opening"
-    zone = resolve_zone(window.time_zone)
-    start, end = found.start.astimezone(zone), found.end.astimezone(zone)
+    zone, viewer = resolve_zone(window.time_zone), timezone.get_current_timezone()
+    own = "" if same_clock(found.start, zone, viewer) else (
+        f" ({span_text(found.start, found.end, zone)} in the window's zone, {window.time_zone})")
     if found.contains(now):
-        return f"window {window.name}{scope}: open now until {end:%H:%M} {window.time_zone}"
-    return (f"window {window.name}{scope}: next {start:%a %Y-%m-%d %H:%M}–{end:%H:%M} "
-            f"{window.time_zone}")
+        return (f"window {window.name}{scope}: open now until "
+                f"{clock_text(found.end, viewer)}{own}")
+    return f"window {window.name}{scope}: next {span_text(found.start, found.end, viewer)}{own}"

@@ -34,6 +34,7 @@ from dashboard.restarts.windows import (
     resolve_zone,
     window_containing,
 )
+from sparkops.timetext import ceil_minute, clock_text
 
 __all__ = [
     "CANCEL_ACTION",
@@ -225,20 +226,11 @@ def queue_forecast(node: Node, now: datetime) -> list[QueuedRestart]:
 
 
 def clock(at: datetime, zone: tzinfo | str, *, round_up: bool = False) -> str:
-    """``at`` as "HH:MM" in ``zone``; ``round_up`` for promises ("back by"), never optimistic."""
-    if round_up:
-        at = ceil_minute(at)
+    """``at`` as "HH:MM KST" in ``zone``; ``round_up`` for promises ("back by"), never
+    optimistic."""
     if isinstance(zone, str):
         zone = resolve_zone(zone)
-    return f"{at.astimezone(zone):%H:%M}"
-
-
-def ceil_minute(at: datetime) -> datetime:
-    """``at`` rounded up to a whole minute (the same instant in every zone of whole-minute
-    offset, which is all of today's)."""
-    if at.second or at.microsecond:
-        return at.replace(second=0, microsecond=0) + timedelta(minutes=1)
-    return at
+    return clock_text(at, zone, round_up=round_up)
 
 
 def _plan(engine: Engine, *, user: Any, start: datetime | None, window: RestartWindow | None,

@@ -38,13 +38,12 @@ from dashboard.restarts.planning import (
     QueuedRestart,
     can_run_restarts,
     cancel_restart,
-    ceil_minute,
-    clock,
     expected_outage,
     plan_restart,
     queue_forecast,
 )
-from dashboard.restarts.windows import WindowOccurrence, current_or_next, resolve_zone
+from dashboard.restarts.windows import current_or_next, resolve_zone
+from sparkops.timetext import ceil_minute, clock_text, moment_text, span_text
 from sparkops.units import fixed_gib_text, gib
 
 # How many finished restarts the ledger and the chart show; older ones stay in the database.
@@ -150,10 +149,10 @@ def restart_plan(request: HttpRequest, node: str) -> HttpResponse:
     except PlanRefused as refused:
         form.add_error(None, f"Refused: {refused.reason}.")
         return _plan_page(request, form, now, status=409)
-    zone = _restart_zone(planned)
+    viewer = timezone.get_current_timezone()
     messages.success(request, f"Restart of {planned.engine.name} planned for "
-                              f"{_when(planned.scheduled_for, zone)}; expected back by "
-                              f"{clock(planned.expected_back_by, zone, round_up=True)}.")
+                              f"{moment_text(planned.scheduled_for, viewer)}; expected back by "
+                              f"{clock_text(planned.expected_back_by, viewer, round_up=True)}.")
     return redirect("dashboard:restart", pk=planned.pk)
 
 
@@ -250,12 +249,11 @@ def startup_history(restarts: Any, limit: int) -> dict[str, Any]:
 
 @login_required
 def windows(request: HttpRequest) -> HttpResponse:
-    """Every window with its next (or current) opening, in its own zone and the site's."""
+    """Every window with its next (or current) opening, in the viewer's zone and its own."""
     now = timezone.now()
     listed = RestartWindow.objects.select_related("node", "engine", "created_by")
     return render(request, "restarts/windows.html", {
         "rows": [_window_row(window, now) for window in listed],
-        "site_zone": timezone.get_current_timezone_name(),
         "can_change": CHANGE_WINDOWS.held_by(request.user),
     })
 
@@ -328,8 +326,7 @@ def _plan_page(request: HttpRequest, form: PlanForm, now: datetime,
         outage = expected_outage(engine, now)
         outages.append({"engine": engine, "outage": outage,
                         "minutes": round(outage.total_seconds / 60, 1),
-                        "back_by": clock(outage.back_by, timezone.get_current_timezone(),
-                                         round_up=True)})
+                        "back_by": ceil_minute(outage.back_by)})
     return render(request, "restarts/plan_form.html", {
         "form": form,
         "node": form.node,
@@ -358,25 +355,29 @@ def _window_row(window: RestartWindow, now: datetime) -> dict[str, Any]:
     if found is None:
         return row
     return {**row, "next": found, "open_now": found.contains(now),
-            "local": _span(found, zone), "site": _span(found, timezone.get_current_timezone())}
+            "local": span_text(found.start, found.end, zone),
+            "viewer": span_text(found.start, found.end, timezone.get_current_timezone())}
 
 
 def _queue_row(entry: QueuedRestart) -> dict[str, Any]:
+    """A plan of the queue for the pages: its moments as datetimes, which the templates write in
+    the viewer's zone (``when``) and, where it reads differently, in the window's (``also_in``).
+    Promises (a forecast start, "back by") are rounded up to the minute."""
     restart = entry.restart
-    zone = _restart_zone(restart)
+    promised_start = restart.status != Restart.Status.RUNNING
     planned_back_by = restart.expected_back_by
     return {
         "entry": entry,
         "restart": restart,
-        "zone": zone.key,
-        "planned_for": _when(restart.scheduled_for, zone) if restart.scheduled_for else "",
-        "back_by": clock(planned_back_by, zone, round_up=True) if planned_back_by else "",
+        "zone": _restart_zone(restart).key,
+        "planned_for": restart.scheduled_for,
+        "back_by": ceil_minute(planned_back_by) if planned_back_by else None,
         # A forecast start is rounded up like every promise here ("starts 03:11" after one "back
         # by 03:11"); a start that already happened is not.
-        "expected_start": _when(entry.expected_start, zone,
-                                round_up=restart.status != Restart.Status.RUNNING),
-        "expected_back_by": clock(entry.expected_back_by, zone, round_up=True),
-        "window_end": clock(entry.window_end, zone) if entry.window_end else "",
+        "expected_start": ceil_minute(entry.expected_start) if promised_start
+        else entry.expected_start,
+        "expected_back_by": ceil_minute(entry.expected_back_by),
+        "window_end": entry.window_end,
         "startup_source": _startup_source(restart),
         "drain_minutes": round(restart.expected_drain_seconds / 60, 1),
         "startup_minutes": round(restart.expected_startup_seconds / 60, 1),
@@ -423,12 +424,6 @@ def _startup_source(restart: Restart) -> str:
     return (planned or {}).get("startup_source", "")
 
 
-def _span(occurrence: WindowOccurrence, zone: Any) -> str:
-    start, end = occurrence.start.astimezone(zone), occurrence.end.astimezone(zone)
-    end_format = "%H:%M" if start.date() == end.date() else "%a %Y-%m-%d %H:%M"
-    return f"{start:%a %Y-%m-%d %H:%M}–{end.strftime(end_format)}"
-
-
 def _restart_zone(restart: Restart) -> ZoneInfo:
     """Times of a plan read best in its window's zone; without a window, in the site's."""
     if restart.window is not None:
@@ -437,12 +432,6 @@ def _restart_zone(restart: Restart) -> ZoneInfo:
         except ValueError:
             pass  # an unreadable zone must not break the page; the site's zone still reads
     return timezone.get_current_timezone()
-
-
-def _when(at: datetime, zone: ZoneInfo, *, round_up: bool = False) -> str:
-    if round_up:
-        at = ceil_minute(at)
-    return f"{at.astimezone(zone):%a %Y-%m-%d %H:%M} {zone.key}"
 
 
 def _iso(at: datetime | None) -> str | None:

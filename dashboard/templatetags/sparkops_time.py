@@ -22,34 +22,19 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html
 
+from dashboard.zone import viewer_zone
+from sparkops.timetext import (
+    minute_text,
+    moment_text,
+    offset_text,
+    same_clock,
+    zone_label,
+    zone_name,
+)
+
+__all__ = ["also_in", "offset_text", "when", "zone_abbreviations", "zone_attributes", "zone_name"]
+
 register = template.Library()
-
-FORMAT = "%Y-%m-%d %H:%M:%S"
-
-
-def zone_name(zone: tzinfo) -> str:
-    """The zone's IANA name (``Asia/Seoul``), or what the zone calls itself otherwise."""
-    return getattr(zone, "key", None) or str(zone)
-
-
-def offset_text(offset: timedelta | None) -> str:
-    """``UTC+09:00``, ``UTC-03:30``, ``UTC`` for a zero offset."""
-    if not offset:
-        return "UTC"
-    minutes = int(offset.total_seconds() // 60)
-    sign = "+" if minutes >= 0 else "-"
-    hours, rest = divmod(abs(minutes), 60)
-    return f"UTC{sign}{hours:02d}:{rest:02d}"
-
-
-def zone_label(moment: datetime) -> str:
-    """The abbreviation of ``moment``'s zone at that moment (``KST``, ``CET``, ``UTC``), or its
-    offset where the zone database has only numbers for it (``+04`` becomes ``UTC+04:00``)."""
-    name = moment.tzname() or ""
-    if name and name[0].isalpha():
-        return name
-    return offset_text(moment.utcoffset())
-
 
 def _moment(value: object) -> datetime | None:
     if isinstance(value, datetime):
@@ -73,13 +58,25 @@ def when(value: object, style: str = "") -> str:
     if moment is None:
         return ""
     zone = timezone.get_current_timezone()
-    local = moment.astimezone(zone)
     instant = moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-    text = f"{local.strftime(FORMAT)} {zone_label(local)}"
+    text = moment_text(moment, zone)
     if style == "relative":
         return format_html('<time datetime="{}" title="{}" data-relative>{}</time>', instant,
                            text, text)
     return format_html('<time datetime="{}" title="{}">{}</time>', instant, zone_name(zone), text)
+
+
+@register.filter(is_safe=True)
+def also_in(value: object, zone_key: str) -> str:
+    """After ``{{ at|when }}``: ``(window's zone: 2036-11-02 03:00 KST, Asia/Seoul)`` where the
+    zone ``zone_key`` (a restart window's own) reads ``value`` differently from the viewer's;
+    ``""`` where both read it alike, for ``None``, or for an unknown zone."""
+    moment = _moment(value)
+    zone = viewer_zone(zone_key)
+    if moment is None or zone is None or same_clock(moment, zone, timezone.get_current_timezone()):
+        return ""
+    return format_html('<span class="muted window-zone">(window\'s zone: {}, {})</span>',
+                       minute_text(moment, zone), zone_name(zone))
 
 
 def zone_abbreviations(zone: tzinfo, year: int) -> dict[str, str]:

@@ -255,12 +255,17 @@ class Containers:
     the global flags: ``--runtime runc --cgroup-manager cgroupfs`` and the storage roots).
 
     Each runs a program of this machine's own file system (``--rootfs /:O``, an overlay, so
-    nothing is written back) with host networking: no image registry is needed.
+    nothing is written back) with host networking: no image registry is needed. With
+    ``cgroup_parent`` (a cgroup path such as ``/sparkops-demo-…``, see
+    :mod:`sparkops.demo.budget`) each container's cgroups are made below it, so a memory limit
+    set there covers every engine.
     """
 
-    def __init__(self, podman_argv: list[str], *, extra_labels: dict[str, str] | None = None):
+    def __init__(self, podman_argv: list[str], *, extra_labels: dict[str, str] | None = None,
+                 cgroup_parent: str | None = None):
         self.podman_argv = list(podman_argv)
         self.extra_labels = dict(extra_labels or {})
+        self.cgroup_parent = cgroup_parent
 
     def podman(self, *args: str, timeout: float = 60) -> str:
         """Run ``podman <args>`` with the global flags; its output, or :class:`DemoError`."""
@@ -280,6 +285,8 @@ class Containers:
                 # Higher limits are refused on this kind of machine.
                 "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
                 "--network", "host", "--workdir", str(settings.BASE_DIR)]
+        if self.cgroup_parent:
+            argv += ["--cgroup-parent", self.cgroup_parent]
         for key, value in {**labels, **self.extra_labels}.items():
             argv += ["--label", f"{key}={value}"]
         return self.podman(*argv, "--rootfs", "/:O", *command)

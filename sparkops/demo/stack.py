@@ -1,10 +1,11 @@
 """Demo mode, the stack: a private Podman service, SparkOps' own processes, and the story
 between their start and their stop.
 
-:func:`run_demo` starts the Podman Docker-API service on the demo's data directory, runs
-``manage.py runstack`` (web, worker, beat) against it, tells the story, and on Ctrl-C (or when
-the stack exits) stops the stack, removes the demo containers and stops the service, in that
-order.
+:func:`run_demo` starts the Podman Docker-API service on the demo's data directory, makes the
+engines' memory budget (:mod:`sparkops.demo.budget`, where this machine allows it), runs
+``manage.py runstack`` (web, worker, beat) against them, tells the story, and on Ctrl-C (or when
+the stack exits) stops the stack, removes the demo containers, stops the service and removes the
+budget's cgroup, in that order.
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from collectors.models import Node
+from sparkops.demo.budget import (
+    BUDGET_ENV,
+    BudgetUnavailable,
+    DemoBudget,
+    budget_limit,
+    budget_name,
+    create_budget,
+    remove_budget,
+)
 from sparkops.demo.node import DemoError, PodmanService, Scale
 from sparkops.demo.story import Story, StoryInterrupted, close_fresh_start, record_fresh_start
 
@@ -54,8 +64,9 @@ class StackPacer:
 
 def run_demo(*, node: Node, scale: Scale, speed: float, acts: Iterable[str], bind: str,
              say: Callable[[str], None], complain: Callable[[str], None]) -> bool:
-    """Start the Podman service and the stack, tell the story, and stop everything in order
-    once interrupted; whether the demo failed (then the stack log's tail was complained of).
+    """Start the Podman service, the engines' memory budget and the stack, tell the story, and
+    stop everything in order once interrupted (the budget's cgroup is removed last, once the
+    containers are gone); whether the demo failed (then the stack log's tail was complained of).
 
     Blocks until Ctrl-C (SIGINT or SIGTERM) or until the stack exits.
     """
@@ -67,12 +78,18 @@ def run_demo(*, node: Node, scale: Scale, speed: float, acts: Iterable[str], bin
     stack: subprocess.Popen[bytes] | None = None
     log_path = settings.DATA_DIR / "demo-stack.log"
     failed = False
+    budget: DemoBudget | None = None
     # Before the stack collects: the previous run's containers vanish when the service starts.
     record_fresh_start(node, timezone.now())
     try:
         url = service.start()
         os.environ["SPARKOPS_DOCKER_HOST"] = url
         say(f"Podman's Docker API: {url} (SPARKOPS_DOCKER_HOST for the stack).")
+        budget = open_budget(scale, say)
+        if budget is not None:
+            service.containers.cgroup_parent = budget.parent
+            # The stack inherits the environment: its collectors measure the budget.
+            os.environ[BUDGET_ENV] = str(budget.path)
         stack = start_stack(bind, log_path)
         say(f"SparkOps is starting on http://{bind}/ — {login_hint()} "
             f"Stack log: {log_path}. Ctrl-C stops the demo.")
@@ -89,7 +106,9 @@ def run_demo(*, node: Node, scale: Scale, speed: float, acts: Iterable[str], bin
         failed = True
         complain(f"demo: {error}")
     finally:
-        say("Stopping the stack, removing the demo containers and the Podman service…")
+        say("Stopping the stack, removing the demo containers, the Podman service and the "
+            "memory budget…" if budget is not None else
+            "Stopping the stack, removing the demo containers and the Podman service…")
         close_fresh_start(node.pk, timezone.now())
         stop_stack(stack)
         try:
@@ -97,11 +116,30 @@ def run_demo(*, node: Node, scale: Scale, speed: float, acts: Iterable[str], bin
         except DemoError as error:
             failed = True
             complain(f"demo: {error}")
+        left = remove_budget(budget.name) if budget is not None else []
+        if left:
+            failed = True
+            complain(f"demo: the memory budget's cgroups are still there: {', '.join(left)}")
         say("Demo stopped; its data stays in the data directory for the next run.")
     if failed and log_path.exists():
         tail = log_path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
         complain("Last lines of the stack log:\n" + "\n".join(tail))
     return failed
+
+
+def open_budget(scale: Scale, say: Callable[[str], None]) -> DemoBudget | None:
+    """Make the engines' memory budget (:mod:`sparkops.demo.budget`) and say so; where it
+    cannot be made, say why and go on with the host's headroom (None)."""
+    name = budget_name(settings.DATA_DIR)
+    remove_budget(name)  # a killed demo's, emptied when the service cleared its containers
+    try:
+        budget = create_budget(name, budget_limit(scale))
+    except BudgetUnavailable as why:
+        say(f"No memory budget for the engines ({why}): they share the host's headroom, which "
+            "other programs' memory moves too.")
+        return None
+    say(budget.describe())
+    return budget
 
 
 def _stop_on_signals() -> threading.Event:

@@ -74,8 +74,13 @@ RESTORED_FIELDS = ("enabled", "for_seconds", "repeat_seconds", "thresholds", "up
                    "updated_by")
 FRESH_START_REASON = ("Demo: fresh containers for this run of the demo (the demo removed the "
                       "previous run's and creates its engines anew)")
-# The squeeze act's cause look-back: the alert fires within about a minute of the growth.
-CAUSE_LOOKBACK_MINUTES = 2.0
+# The squeeze act's cause look-back: the alert fires well within a minute of the growth (its
+# 10 s "for" after a collection or two). The rule takes no less than a minute.
+CAUSE_LOOKBACK_MINUTES = 1.0
+# The squeeze starts at least this long after SparkOps saw both engines up (their last loading
+# step is recorded by then): the look-back. Calibrating and recreating the neighbour take a few
+# collections more before the alert fires, so the start is out of the look-back by then.
+START_CLEARANCE_SECONDS = CAUSE_LOOKBACK_MINUTES * 60
 
 
 class StoryInterrupted(Exception):
@@ -116,6 +121,7 @@ class Story:
         self.say = say
         self.ports = ports or {spec.name: free_port() for spec in ENGINES}
         self.alert_seconds = alert_seconds
+        self.engines_up: float | None = None  # monotonic: when SparkOps saw both engines
 
     # --- helpers ---------------------------------------------------------------------------
     def story_seconds(self, seconds_at_speed_1: float) -> float:
@@ -190,6 +196,7 @@ class Story:
     def wait_for_engines(self) -> bool:
         """Wait until SparkOps knows both engines (see :meth:`engines_known`); in time?"""
         found = self.until(self.engines_known, DISCOVERY_SECONDS)
+        self.engines_up = time.monotonic()
         if found:
             self.say("SparkOps found both engines through the Docker Engine API (labels "
                      "sparkops.engine=vllm, sparkops.manage=true): see the overview.")
@@ -207,6 +214,22 @@ class Story:
                  "hold their (scaled) memory: see the ledger and the engine pages.")
         self.pace.pause(self.story_seconds(STEADY_SECONDS))
 
+    def clear_of_start(self) -> None:
+        """Let the engines' start pass out of the rule's cause look-back before the squeeze.
+
+        The start is growth too (each engine's pool and weights appearing), and larger than the
+        neighbour's: within the look-back it would be named as what squeezed gemma. At speed 1
+        the steady act outlasts the look-back; a faster story waits here.
+        """
+        if self.engines_up is None:
+            return
+        left = START_CLEARANCE_SECONDS - (time.monotonic() - self.engines_up)
+        if left > 0:
+            self.say(f"Waiting {left:.0f} s so that the engines' start is out of the "
+                     f"prefill-squeeze rule's {CAUSE_LOOKBACK_MINUTES:g}-minute cause look-back "
+                     "(a faster story than the rule's smallest look-back).")
+            self.pace.pause(left)
+
     def calibrate_squeeze(self) -> float | None:
         """Set the prefill-squeeze margin so that the scaled growth crosses it; the margin (GiB).
 
@@ -217,12 +240,14 @@ class Story:
         """
         samples: list[int] = []
         seen: set[str] = set()
+        sources: set[str] = set()
 
         def sampled() -> bool:
             ledger = self.node.ledger or {}
             if ledger.get("at") not in seen and ledger.get("headroom") is not None:
                 seen.add(ledger["at"])
                 samples.append(ledger["headroom"])
+                sources.add(ledger.get("headroom_source") or "host")
             return len(samples) >= CALIBRATION_SAMPLES
 
         sampled_in_time = self.until(sampled, self.alert_seconds)
@@ -248,17 +273,21 @@ class Story:
         setting.updated_at = timezone.now()
         setting.save(update_fields=["thresholds", "updated_at"])
         default = rule_defaults(SQUEEZE_RULE).threshold_spec("margin_gib").default
+        # Within the engines' memory budget only they move the room; else the whole machine.
+        within = sources == {"budget"}
+        where = "The engines' memory budget has" if within else "This machine has"
         self.say(
             "Calibrated the prefill-squeeze rule (Rules page). On the GB10 of the story headroom "
             f"fell 30 → 14 GiB: minus the default {default:g} GiB margin, below gemma's "
             f"{GEMMA.prefill_gib:g} GiB prefill need, while nemotron's {NEMOTRON.prefill_gib:g} "
-            f"GiB still fitted. This machine has {_gib(headroom)} of headroom (median of "
+            f"GiB still fitted. {where} {_gib(headroom)} of headroom (median of "
             f"{len(samples)} collections), gemma needs {_gib(need)} "
             f"({at_risk.get('prefill_need_source')}), nemotron {_gib(neighbour_need)}, and the "
             f"neighbour will grow by {_gib(growth)}: with the margin at {margin_gib:.3f} GiB "
             f"(hysteresis {hysteresis_gib:.3f} GiB) the scaled growth does the same here. "
-            f"Causes are looked for in the last {CAUSE_LOOKBACK_MINUTES:g} minutes.")
-        self.say(noise_verdict(spread, len(samples), before_room, after_room))
+            f"Causes are looked for in the last {CAUSE_LOOKBACK_MINUTES * 60:.0f} s.")
+        self.say(noise_verdict(spread, len(samples), before_room, after_room,
+                               within_budget=within))
         return margin_gib
 
     def _open_squeeze(self) -> Alert | None:
@@ -275,7 +304,7 @@ class Story:
         self.say(f"Act 1 — the neighbour grows: nemotron is recreated by its owner with "
                  f"--kv-cache-memory-bytes for {NEIGHBOUR_GROWN_KV_GIB:g} GiB instead of "
                  f"{NEMOTRON.kv_gib:g} ({before / MIB:.0f} → {after / MIB:.0f} MiB here). KV pools"
-                 " are reserved at start, so the host's headroom falls for good and gemma's next "
+                 " are reserved at start, so the headroom falls for good and gemma's next "
                  "prefill buffer no longer fits. SparkOps did not plan this "
                  "restart: it records it as unplanned.")
         self.containers.remove(NEMOTRON.name)
@@ -404,6 +433,7 @@ class Story:
             self.act_steady()
             for act in chosen:
                 if act == "squeeze":
+                    self.clear_of_start()
                     self.calibrate_squeeze()
                     self.act_squeeze()
                 elif act == "document":
@@ -474,15 +504,21 @@ def squeeze_room(headroom: int, margin: int, need: int, neighbour_need: int,
     return headroom - margin - need, min(need - after, after - neighbour_need)
 
 
-def noise_verdict(spread: int, samples: int, before_room: int, after_room: int) -> str:
-    """The act's line on the machine's measured noise against the calibrated room."""
-    measured = (f"MemAvailable moved by {_gib(spread)} across {samples} collections (the "
-                f"machine's own noise); the headroom keeps {_gib(before_room)} of room before "
-                f"the growth and {_gib(after_room)} after it")
+def noise_verdict(spread: int, samples: int, before_room: int, after_room: int, *,
+                  within_budget: bool = False) -> str:
+    """The act's line on the measured noise against the calibrated room: MemAvailable's (what
+    every program on the machine moves), or the memory budget's room (only the engines' own
+    prefill buffers move it)."""
+    moved = ("The room in the engines' memory budget moved by", "the engines' own prefill "
+             "buffers") if within_budget else ("MemAvailable moved by", "the machine's own noise")
+    measured = (f"{moved[0]} {_gib(spread)} across {samples} collections ({moved[1]}); the "
+                f"headroom keeps {_gib(before_room)} of room before the growth and "
+                f"{_gib(after_room)} after it")
     if after_room >= NOISE_SPREADS * spread and before_room >= NOISE_SPREADS * spread:
         return f"{measured}: at least {NOISE_SPREADS} times the noise on both sides."
-    return (f"{measured}: less than {NOISE_SPREADS} times the noise, so other programs may "
-            "hide the squeeze or fire it early; a larger --mib-per-gib gives more room.")
+    movers = "the engines' own prefills" if within_budget else "other programs"
+    return (f"{measured}: less than {NOISE_SPREADS} times the noise, so {movers} may hide the "
+            "squeeze or fire it early; a larger --mib-per-gib gives more room.")
 
 
 def squeeze_margin(headroom: int, need: int, neighbour_need: int,

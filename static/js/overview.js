@@ -67,6 +67,20 @@
         window.SparkOps.clock.format(last.at) + ": " + last.error;
     }
     note.textContent = message;
+    renderGpuNote(data.gpu);
+  }
+
+  // What the GPU panels cannot draw, and why; without a GPU, why there are no GPU panels.
+  function renderGpuNote(gpu) {
+    const el = document.getElementById("gpu-note");
+    if (!el || !gpu) return;
+    const lines = (gpu.notes || []).slice();
+    (gpu.failures || []).forEach(function (f) {
+      lines.push(f.text + ": latest read without a figure in this range at " +
+                 window.SparkOps.clock.format(f.at) + " — " + f.note);
+    });
+    el.textContent = lines.join(" · ");
+    el.classList.toggle("hidden", !lines.length);
   }
 
   function schedule(name, fn) {
@@ -105,6 +119,7 @@
       .then(function (html) {
         const cards = document.getElementById("engine-cards");
         cards.innerHTML = html;
+        if (window.SparkOps.ledgerBar) window.SparkOps.ledgerBar.layout(cards);
         // The firing alerts lead the page, above the figures: the fragment's copy replaces them.
         const fresh = cards.querySelector("#firing-alerts");
         const shown = root.querySelector("#firing-alerts:not(#engine-cards *)");

@@ -1,6 +1,7 @@
 // SparkOps page helpers, shared by the overview and the engine page:
 //  * SparkOps.timeline: the overview's one timeline, stacked panels on one shared time axis
-//    (every panel's x axis "matches" the first, so zooming or panning one moves all).
+//    (every panel's x axis "matches" the first, so zooming or panning one moves all). A node
+//    with a GPU adds four GPU panels (one line per device); the figure grows to fit them.
 (function () {
   "use strict";
   const SparkOps = (window.SparkOps = window.SparkOps || {});
@@ -11,6 +12,7 @@
   // Okabe–Ito colours: distinguishable with the common colour-vision deficiencies; every series
   // also differs by name, and KV pools by dash, so nothing relies on colour alone.
   const ENGINE_COLORS = ["#56b4e9", "#e69f00", "#009e73", "#f0e442", "#cc79a7", "#d55e00", "#0072b2"];
+  const GPU_COLORS = ["#76b900", "#58a6ff", "#e69f00", "#cc79a7", "#f0e442", "#d55e00", "#009e73", "#0072b2"];
   const HOST_STYLE = {
     mem_available: { color: "#76b900", width: 2, dash: "solid" },
     mem_available_min: { color: "#ff7b72", width: 1, dash: "dot" },
@@ -28,17 +30,29 @@
   };
   const LANES = { restarts: "restarts", alerts: "alerts", engines: "engines" };
   const WEIGHTS = { markers: 0.55, headroom: 1.4, ledger: 1.4, kv: 0.8, prefill: 0.9, decode: 0.9 };
+  const GPU_WEIGHT = 0.6;  // each GPU panel (utilisation, temperature, power, SM clock)
+  // The panels the stylesheet's height is made for; more panels make the figure taller.
+  const BASE_WEIGHT = Object.keys(WEIGHTS).reduce(function (sum, k) { return sum + WEIGHTS[k]; }, 0);
   const GAP = 0.035;
   const GRID = "#26313d";
 
   function axisName(index, letter) { return letter + (index === 0 ? "" : index + 1); }
 
+  function weight(panel) {
+    if (WEIGHTS[panel.key]) return WEIGHTS[panel.key];
+    return panel.key.indexOf("gpu_") === 0 ? GPU_WEIGHT : 1;
+  }
+
+  function totalWeight(panels) {
+    return panels.reduce(function (sum, p) { return sum + weight(p); }, 0);
+  }
+
   function domains(panels) {
-    const total = panels.reduce(function (sum, p) { return sum + (WEIGHTS[p.key] || 1); }, 0);
+    const total = totalWeight(panels);
     const usable = 1 - GAP * (panels.length - 1);
     let top = 1;
     return panels.map(function (p) {
-      const height = usable * (WEIGHTS[p.key] || 1) / total;
+      const height = usable * weight(p) / total;
       const domain = [Math.max(top - height, 0), top];
       top -= height + GAP;
       return domain;
@@ -59,7 +73,11 @@
       hovertemplate: s.label + (stepwise ? " (stepwise)" : "") + ": %{y:,.2f} " + s.unit + "<extra></extra>",
       line: { width: 1.5, shape: stepwise ? "hv" : "linear" },
     };
-    if (s.engine) {
+    if (s.device !== null && s.device !== undefined) {
+      trace.name = "GPU " + s.device;
+      trace.legendgroup = "gpu:" + s.device;
+      trace.line.color = GPU_COLORS[s.device % GPU_COLORS.length];
+    } else if (s.engine) {
       trace.name = s.engine;
       trace.legendgroup = "engine:" + s.engine;
       trace.line.color = engineColor(data, s.engine);
@@ -151,11 +169,12 @@
                       range: [-0.6, 2.6], gridcolor: GRID };
       }
       if (panel.key === "kv") layout[y].range = [0, 100];
+      if (panel.range) layout[y].range = panel.range;
       layout.annotations.push({ text: "<b>" + panel.title + "</b>", xref: "paper", yref: "paper",
                                 x: 0, y: doms[i][1], xanchor: "left", yanchor: "bottom",
                                 showarrow: false, font: { size: 12, color: "#c9d1d9" } });
       if (!state.filled[panel.key]) {
-        layout.annotations.push({ text: emptyText(data, panel.key), xref: "paper", yref: "paper",
+        layout.annotations.push({ text: emptyText(data, panel), xref: "paper", yref: "paper",
                                   x: 0.5, y: (doms[i][0] + doms[i][1]) / 2, showarrow: false,
                                   font: { size: 12, color: "#9da7b3" } });
       }
@@ -169,7 +188,9 @@
     return layout;
   }
 
-  function emptyText(data, key) {
+  function emptyText(data, panel) {
+    const key = panel.key;
+    if (panel.empty) return panel.empty;  // the server's words (a GPU panel: why no line)
     if (key === "markers") return "no restarts, alerts or engine events in this range";
     if (key !== "headroom" && !data.engines.length) return "no engines seen on this node in this range";
     return "no figures in this range";
@@ -198,8 +219,16 @@
     });
   }
 
+  // Taller than the stylesheet's height by the share of the panels beyond the usual ones.
+  function fitHeight(el, panels) {
+    el.style.height = "";
+    const total = totalWeight(panels);
+    if (total > BASE_WEIGHT) el.style.height = Math.round(el.clientHeight * total / BASE_WEIGHT) + "px";
+  }
+
   function render(id, data, state) {
     const el = document.getElementById(id);
+    fitHeight(el, data.panels);
     state.data = data;
     state.filled = filledPanels(data);
     const axes = {};

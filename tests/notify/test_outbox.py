@@ -119,8 +119,11 @@ def test_a_worker_never_sends_a_row_another_worker_handled_after_both_read_it(
     def claim_after_b_ran(snapshot: Any, at: Any, lease_end: Any) -> bool:
         if not raced:
             raced.append(True)
-            # b reads the same row, claims, sends and records, all before a claims.
-            outbox.deliver_due(now=T0, worker="b", backoff=[0])
+            # b reads the same row, claims, sends and records, all before a claims. Its failure
+            # pauses the channel for a minute: with no pause the channel's pause would end at
+            # b's failure time, and whether that is before or after a's claim time (each worker
+            # advances T0 by its own monotonic clock) would decide the outcome by chance.
+            outbox.deliver_due(now=T0, worker="b", backoff=[60])
         return real_claim(snapshot, at, lease_end)
 
     monkeypatch.setattr(outbox, "_claim_channel", claim_after_b_ran)

@@ -159,7 +159,8 @@ def test_an_operator_plans_a_restart_in_a_window_through_the_form(operator_clien
     assert planned.window == window and planned.reason == "new chat template"
     assert planned.scheduled_for == datetime(2036, 11, 1, 18, 0, tzinfo=UTC)
     page = response.content.decode()
-    assert "planned for Sun 2036-11-02 03:00 Asia/Seoul; expected back by 03:12" in page
+    # No zone cookie: the site's zone (UTC here), labelled.
+    assert "planned for 2036-11-01 18:00:00 UTC; expected back by 18:12 UTC" in page
     assert AuditEntry.objects.get(action="plan-restart").actor == "operator"
 
 
@@ -276,9 +277,31 @@ def test_windows_page_shows_the_next_opening_in_both_zones(viewer_client, node, 
 
     page = viewer_client.get(reverse("dashboard:windows")).content.decode()
 
-    assert "Sun 2036-11-02 03:00–05:00 Asia/Seoul" in page
-    assert "Sat 2036-11-01 18:00–20:00 UTC" in page
+    assert "2036-11-02 03:00–05:00 KST" in page and "Asia/Seoul" in page  # the window's own
+    assert "2036-11-01 18:00–20:00 UTC" in page  # the viewer's (no cookie: the site's)
     assert "every engine" in page
+
+
+def test_a_plan_reads_in_the_viewer_s_zone_and_in_its_window_s(operator_client, node, gemma):
+    """Seen from Berlin, a Seoul window's plan is written in CET, labelled, with the window's
+    own reading beside it; the flash message and the queue say the same instant."""
+    window = make_window(node, local_start=FAR_SUNDAY, minutes=120)
+    operator_client.cookies["sparkops_tz"] = "Europe/Berlin"
+
+    response = operator_client.post(
+        reverse("dashboard:restart-plan", args=[node.name]),
+        {"engine": gemma.pk, "when": f"window:{window.pk}", "reason": "new chat template"},
+        follow=True,
+    )
+
+    page = response.content.decode()
+    assert "planned for 2036-11-01 19:00:00 CET; expected back by 19:12 CET" in page
+    assert ">2036-11-01 19:00:00 CET</time>" in page  # Planned for, through the one filter
+    assert "(window's zone: 2036-11-02 03:00 KST, Asia/Seoul)" in page
+    plan_page = operator_client.get(reverse("dashboard:restart-plan", args=[node.name]))
+    queue = plan_page.content.decode()
+    assert ">2036-11-01 19:00:00 CET</time>" in queue and "03:00 KST, Asia/Seoul" in queue
+    assert "Sun 2036" not in queue and "Asia/Seoul;" not in queue
 
 
 def test_an_operator_creates_a_window_through_the_form(operator_client, node):
@@ -329,8 +352,8 @@ def test_a_window_overlapping_another_asks_for_confirmation_first(operator_clien
     assert first.status_code == 400
     page = first.content.decode()
     assert 'id="window-overlap"' in page and "tick the box to save it anyway" in page
-    assert ("Sun 2036-11-02 04:00–05:00 Asia/Seoul overlaps window sunday night, "
-            "Sun 2036-11-02 03:00–05:00 Asia/Seoul") in page
+    assert ("2036-11-02 04:00–05:00 KST Asia/Seoul overlaps window sunday night, "
+            "2036-11-02 03:00–05:00 KST Asia/Seoul") in page
     assert RestartWindow.objects.count() == 1
 
     confirmed = operator_client.post(reverse("dashboard:window-new"),

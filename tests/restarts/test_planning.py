@@ -118,7 +118,7 @@ def test_plan_that_would_overrun_its_window_is_refused_with_the_times(gemma, adm
         plan_restart(gemma, user=admin, window=window, now=NOW, reason="")
 
     # 03:00 + 2 min drain + 20 min learned startup, in the window's own zone (Asia/Seoul).
-    assert refused.value.reason == "expected back by 03:22 but the window ends at 03:15"
+    assert refused.value.reason == "expected back by 03:22 KST but the window ends at 03:15 KST"
     assert [e.outcome for e in refusals()] == [refused.value.reason]
     assert not Restart.objects.filter(status=Restart.Status.SCHEDULED).exists()
 
@@ -254,8 +254,8 @@ def test_a_plan_queued_behind_another_is_refused_when_the_wait_makes_it_overrun(
     with pytest.raises(PlanRefused) as refused:
         plan_restart(nemotron, user=admin, window=window, now=NOW, reason="")
 
-    assert refused.value.reason == ("expected back by 03:24 but the window ends at 03:20 (it "
-                                    "waits for the restart of gemma until 03:12)")
+    assert refused.value.reason == ("expected back by 03:24 KST but the window ends at 03:20 KST "
+                                    "(it waits for the restart of gemma until 03:12 KST)")
 
 
 def test_a_running_restart_late_past_its_expectation_holds_the_queue_until_now(node, admin):

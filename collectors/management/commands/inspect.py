@@ -1,18 +1,24 @@
-"""``manage.py inspect``: read a vLLM startup log, a /metrics dump or a launch command by hand.
+"""``manage.py inspect``: read an engine's startup log, a /metrics dump or a launch command by
+hand, with the same readers the collector uses (``collectors.kinds``).
 
     manage.py inspect log FILE|-            what the last startup in a container log reported
-    manage.py inspect metrics FILE|URL|-    one /metrics snapshot
+    manage.py inspect metrics FILE|URL|-    one /metrics snapshot (llama.cpp: its endpoints;
+                                            Ollama: /api/ps)
     manage.py inspect flags "<command>"     a launch command's settings and findings (or -)
 
-``--json`` prints one JSON object instead of the readable summary. Secrets in the input (API
-keys, tokens, passwords in URLs) are masked in everything printed. Unusable input (a missing file,
-empty stdin, a log without any vLLM line, a value vLLM would refuse) exits non-zero with a
-one-line reason.
+``--engine vllm|llamacpp|ollama`` says which engine wrote the input; without it the kind is
+detected (a command's words as discovery reads them, the log lines or text each kind writes, an
+address's answers to ``/api/version`` and ``/props``), and vLLM is assumed when nothing
+matches. ``--json`` prints one JSON object instead of the readable summary. Secrets in the
+input (API keys, tokens, passwords in URLs) are masked in everything printed. Unusable input (a
+missing file, empty stdin, a log without any line of its engine, a value the engine would
+refuse) exits non-zero with a one-line reason.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -21,6 +27,9 @@ from typing import IO, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from collectors.kinds.base import KindStartup, LaunchError
+from collectors.kinds.discovery import kind_of
+from collectors.kinds.registry import READERS, reader_for
 from collectors.redaction import mask_command, mask_text
 from collectors.vllm.findings import Finding, check_config
 from collectors.vllm.flags import EngineConfig, FlagError, parse_command_line
@@ -44,6 +53,8 @@ class Command(BaseCommand):
             help="a file, '-' for stdin, a URL (metrics), or the command line (flags)",
         )
         parser.add_argument("--json", action="store_true", help="print one JSON object")
+        parser.add_argument("--engine", choices=tuple(READERS),
+                            help="the engine kind that wrote the input (default: detected)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         stdin: IO[str] = options.get("stdin") or sys.stdin
@@ -51,12 +62,13 @@ class Command(BaseCommand):
         sources: list[str] = options["source"]
         if kind != "flags" and len(sources) != 1:
             raise CommandError(f"inspect {kind} takes one source, got {len(sources)}")
-        handler: Callable[[list[str], IO[str]], tuple[dict[str, Any], list[str]]] = {
+        handler: Callable[[list[str], IO[str], str | None],
+                          tuple[dict[str, Any], list[str]]] = {
             "log": _inspect_log,
             "metrics": _inspect_metrics,
             "flags": _inspect_flags,
         }[kind]
-        data, lines = handler(sources, stdin)
+        data, lines = handler(sources, stdin, options.get("engine"))
         if options["json"]:
             self.stdout.write(json.dumps(data, ensure_ascii=False))
         else:
@@ -85,13 +97,61 @@ def _read_source(source: str, stdin: IO[str]) -> str:
 # --- log ------------------------------------------------------------------------------------------
 
 
-def _inspect_log(sources: list[str], stdin: IO[str]) -> tuple[dict[str, Any], list[str]]:
+def _inspect_log(sources: list[str], stdin: IO[str],
+                 engine: str | None) -> tuple[dict[str, Any], list[str]]:
     source = sources[0]
-    log = parse_startup_log(_read_source(source, stdin))
+    text = _read_source(source, stdin)
+    shown = "stdin" if source == _STDIN else source
+    if engine is None:
+        engine = _log_kind(text)
+    if engine != "vllm":
+        parser = reader_for(engine).new_log_parser()
+        parser.feed(text)
+        startup = parser.result()
+        if not startup.recognised:
+            raise CommandError(f"no {reader_for(engine).title} startup line recognised in {shown}")
+        return {"kind": engine, **startup.as_dict()}, _kind_log_lines(engine, startup)
+    log = parse_startup_log(text)
     if not log.recognised:
-        shown = "stdin" if source == _STDIN else source
         raise CommandError(f"no vLLM startup line recognised in {shown}")
     return log.as_dict(), _log_lines(log)
+
+
+# Ollama before llama.cpp: Ollama's log carries its llama-server children's lines too.
+_LOG_DETECTION_ORDER = ("ollama", "llamacpp")
+
+
+def _log_kind(text: str) -> str:
+    """The kind whose startup a log shows: vLLM's first, then each other kind's parser."""
+    if parse_startup_log(text).recognised:
+        return "vllm"
+    for kind in _LOG_DETECTION_ORDER:
+        parser = READERS[kind].new_log_parser()
+        parser.feed(text)
+        if parser.result().recognised:
+            return kind
+    return "vllm"
+
+
+def _kind_log_lines(kind: str, log: KindStartup) -> list[str]:
+    rows = [
+        ("engine", reader_for(kind).title),
+        ("phase", log.phase),
+        ("version", _text(log.version)),
+        ("startups in log", f"{log.startup_count}"),
+        ("weights", _num(log.weights_gib, "GiB")),
+        ("layers on the GPU", _text(log.layers_offloaded)),
+        ("KV cache", f"{_num(log.kv_cache_gib, 'GiB')}"
+                     + (f" ({log.kv_sized_by})" if log.kv_sized_by else "")),
+        ("KV capacity", _num(log.kv_cache_tokens, "tokens")),
+        ("compute buffer", _num(log.compute_buffer_gib, "GiB")),
+        ("startup took", _num(log.startup_seconds, "s")),
+        ("listening on", _text(log.listening_on)),
+        ("errors", "none" if not log.errors else f"{len(log.errors)}"),
+    ]
+    lines = _table(rows)
+    lines.extend(f"  [{error.kind}] {error.message}" for error in log.errors)
+    return lines
 
 
 def _log_lines(log: StartupLog) -> list[str]:
@@ -142,12 +202,17 @@ def _free_memory(log: StartupLog) -> str:
 # --- flags ----------------------------------------------------------------------------------------
 
 
-def _inspect_flags(sources: list[str], stdin: IO[str]) -> tuple[dict[str, Any], list[str]]:
+def _inspect_flags(sources: list[str], stdin: IO[str],
+                   engine: str | None) -> tuple[dict[str, Any], list[str]]:
     command: str | list[str] = sources[0] if len(sources) == 1 else sources
     if command == _STDIN:
         command = _read_source(_STDIN, stdin)
     # What is printed comes from the masked command: no secret reaches the terminal or a log.
     command = mask_text(command) if isinstance(command, str) else mask_command(command)
+    words = shlex.split(command) if isinstance(command, str) else list(command)
+    engine = engine or kind_of({}, words, "") or "vllm"
+    if engine != "vllm":
+        return _kind_flags(engine, words)
     try:
         config = parse_command_line(command)
     except FlagError as error:
@@ -217,6 +282,31 @@ def _flags_lines(config: EngineConfig, findings: list[Finding]) -> list[str]:
     return lines
 
 
+def _kind_flags(kind: str, words: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """A llama.cpp or Ollama launch: its settings under SparkOps' keys, and its findings.
+    Ollama takes its settings from the environment, which a command line alone does not show."""
+    reader = reader_for(kind)
+    try:
+        launch = reader.parse_launch(words, {})
+    except LaunchError as error:
+        raise CommandError(str(error)) from None
+    findings = reader.findings(launch, None, [])
+    data = {"kind": kind, **launch.config, "findings": findings}
+    shown = ("model", "served_model_name", "port", "ctx_size", "parallel", "n_gpu_layers",
+             "cache_type_k", "cache_type_v", "ubatch_size", "max_num_batched_tokens",
+             "metrics_endpoint", "slots_endpoint", "keep_alive", "context_length")
+    rows = [("engine", reader.title)]
+    rows += [(key.replace("_", " "), _setting(launch.config[key]).replace("vLLM", reader.title))
+             for key in shown if key in launch.config]
+    other = " ".join(_flag_text(name, value) for name, value in launch.config.get(
+        "unknown_flags", {}).items())
+    rows += [("other flags", other or "none"),
+             ("findings", "none" if not findings else f"{len(findings)}")]
+    lines = _table(rows)
+    lines.extend(f"  [{f['severity']}] {f['code']}: {f['message']}" for f in findings)
+    return data, lines
+
+
 def _flag_text(name: str, value: object) -> str:
     if value is True:
         return f"--{name}"
@@ -230,21 +320,103 @@ def _flag_text(name: str, value: object) -> str:
 # --- metrics --------------------------------------------------------------------------------------
 
 
-def _inspect_metrics(sources: list[str], stdin: IO[str]) -> tuple[dict[str, Any], list[str]]:
+def _inspect_metrics(sources: list[str], stdin: IO[str],
+                     engine: str | None) -> tuple[dict[str, Any], list[str]]:
     # Imported here so that log and flags inspection work without the metrics modules' imports.
     from collectors.vllm.metrics import MetricsParseError, parse_metrics_text
     from collectors.vllm.scrape import ScrapeError, scrape
 
     source = sources[0]
+    url = source.startswith(("http://", "https://"))
+    text = None if url else _read_source(source, stdin)
+    engine = engine or (_url_kind(source) if url else _text_kind(text or ""))
+    if engine != "vllm":
+        try:
+            return _kind_metrics(engine, source if url else None, text)
+        except ScrapeError as error:
+            raise CommandError(mask_text(_single_line(str(error)))) from None
     try:
-        if source.startswith(("http://", "https://")):
-            snapshot = scrape(source)
-        else:
-            snapshot = parse_metrics_text(_read_source(source, stdin))
+        snapshot = scrape(source) if url else parse_metrics_text(text or "")
     except (MetricsParseError, ScrapeError) as error:
         raise CommandError(mask_text(_single_line(str(error)))) from None
     data = snapshot.as_dict()
     rows = [(key.replace("_", " "), _metric_text(key, value)) for key, value in data.items()]
+    return data, _table(rows)
+
+
+def _text_kind(text: str) -> str:
+    """The kind whose dump ``text`` is: llama.cpp's ``/metrics``, Ollama's ``/api/ps`` JSON,
+    else vLLM's exposition."""
+    if "llamacpp:" in text:
+        return "llamacpp"
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return "vllm"
+    return "ollama" if isinstance(data, dict) and "models" in data else "vllm"
+
+
+def _url_kind(url: str) -> str:
+    """The kind answering at ``url``'s address: Ollama answers ``/api/version``, llama-server
+    ``/props``; vLLM otherwise (each probe bounded to a second)."""
+    from collectors.kinds.http import Clock, get_json
+    from collectors.vllm.scrape import ScrapeError
+
+    base = _base_url(url)
+    for kind, path, key in (("ollama", "/api/version", "version"),
+                            ("llamacpp", "/props", "total_slots")):
+        try:
+            _, data = get_json(base, path, Clock(1.0))
+        except ScrapeError:
+            continue
+        if isinstance(data, dict) and key in data:
+            return kind
+    return "vllm"
+
+
+def _base_url(url: str) -> str:
+    for suffix in ("/metrics", "/api/ps", "/api/version", "/props", "/slots"):
+        if url.rstrip("/").endswith(suffix):
+            return url.rstrip("/")[: -len(suffix)]
+    return url.rstrip("/")
+
+
+def _kind_metrics(kind: str, url: str | None, text: str | None
+                  ) -> tuple[dict[str, Any], list[str]]:
+    """A llama.cpp or Ollama read: the whole read from an address, or one dump's parse."""
+    from collectors.kinds.llamacpp import parse_metrics
+    from collectors.kinds.ollama import loaded_models
+
+    reader = reader_for(kind)
+    if url is not None:
+        reading = reader.read(_base_url(url), deadline=5.0)
+        data = {"kind": kind, "snapshot": reading.snapshot.as_dict(), "details": reading.details,
+                "unknown": {**reader.never_reported, **reading.unknown}}
+    elif kind == "llamacpp":
+        parsed = parse_metrics(text or "")
+        data = {"kind": kind, "counters": parsed.counters, "gauges": parsed.gauges,
+                "unknown": dict(reader.never_reported)}
+    else:
+        try:
+            models = loaded_models(json.loads(text or ""))
+        except ValueError:
+            raise CommandError("not an Ollama /api/ps answer: not JSON") from None
+        data = {"kind": kind, "models": models, "unknown": dict(reader.never_reported)}
+    rows = [("engine", reader.title)]
+    for key, value in data.items():
+        if key in ("kind", "unknown"):
+            continue
+        if isinstance(value, dict):
+            rows += [(f"{name.replace('_', ' ')}", _metric_text(name, item))
+                     for name, item in value.items() if not isinstance(item, dict | list)]
+        elif isinstance(value, list):
+            rows += [(f"model {model['name']}", f"{model['size_bytes']:,} bytes "
+                      f"({fixed_gib_text(model['size_bytes'])}), "
+                      f"{model['size_vram_bytes']:,} on the GPU, context "
+                      f"{_num(model['context_length'], 'tokens')}, unloads "
+                      f"{model['expires_at'] or 'unknown'}") for model in value]
+    rows += [(f"{part.replace('_', ' ')}", f"unknown — {why}")
+             for part, why in data["unknown"].items()]
     return data, _table(rows)
 
 

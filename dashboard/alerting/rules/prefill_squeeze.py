@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from collectors.ledger import budget_components
 from collectors.models import Engine, LedgerChange, Node
 from dashboard.alerting.conditions import Condition
 from dashboard.alerting.rules.base import Rule, ThresholdSpec
@@ -26,12 +27,15 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
         engine = by_id.get(share["engine_id"])
         if engine is None or engine.phase != "ready" or share.get("prefill_need") is None:
             continue
-        # Its own prefill dips the minimum: judge an engine that prefilled by MemAvailable now.
+        # Its own prefill dips the minimum: judge an engine that prefilled by the room now
+        # (MemAvailable, or the memory budget's room when that is smaller).
         own_prefill = ((engine.rates or {}).get("prefill_tokens_per_s") or 0) > 0
-        headroom = ledger.get("mem_available") if own_prefill else ledger.get("headroom")
+        headroom = ledger.get("headroom_now", ledger.get("mem_available")) if own_prefill \
+            else ledger.get("headroom")
         need = gib(share["prefill_need"])
         value = None if headroom is None else gib(headroom) - t["margin_gib"]
-        found = causes(node, engine, now, t["lookback_minutes"])
+        found = causes(node, engine, now, t["lookback_minutes"],
+                       within=budget_components(ledger))
         summary = (f"{engine.name} may not fit its next prefill: headroom "
                    f"{fixed_gib_text(headroom)} − margin {t['margin_gib']:.2f} GiB < prefill "
                    f"need {fixed_gib_text(share['prefill_need'])}"
@@ -52,9 +56,11 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
     return conditions
 
 
-def causes(node: Node, engine: Engine, now: datetime, lookback_minutes: float) -> list[dict]:
+def causes(node: Node, engine: Engine, now: datetime, lookback_minutes: float,
+           within: set[str] | None = None) -> list[dict]:
     """Net ledger growth per component in the look-back window, largest first (at most three),
-    excluding the engine at risk. One query.
+    excluding the engine at risk, and only components in ``within`` when it is given (those
+    inside the memory budget that bounds the headroom). One query.
 
     Netting matters: a neighbour that is recreated shows its non-KV memory climbing step by step
     while its weights load; several small steps must not outrank one real move, and a component
@@ -65,6 +71,8 @@ def causes(node: Node, engine: Engine, now: datetime, lookback_minutes: float) -
     ).exclude(engine=engine).order_by("at")
     net: dict[str, dict] = {}
     for change in changes:
+        if within is not None and change.component not in within:
+            continue
         entry = net.setdefault(change.component, {"first": change, "last": change})
         entry["last"] = change
     grown = [_net_growth(component, entry["first"], entry["last"])
@@ -99,8 +107,9 @@ RULE = Rule(
     name="prefill-squeeze",
     title="Prefill squeeze",
     description=(
-        "An engine's next prefill would not fit: MemAvailable minus the transient buffer "
-        "a prefill grabs (as wide as --max-num-batched-tokens) is below the margin. The "
+        "An engine's next prefill would not fit: MemAvailable (or the room in the engines' "
+        "memory budget, when that is smaller) minus the transient buffer a prefill grabs "
+        "(as wide as --max-num-batched-tokens) is below the margin. The "
         "idle neighbour's prefill and concurrency slow down first, decode does not."
     ),
     for_seconds=10,
