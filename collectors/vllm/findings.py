@@ -1,10 +1,13 @@
 """Config findings: launch settings and startup evidence an admin should act on.
 
 Each finding has a stable ``code`` (dashboards and tests key on it), a ``severity`` and a message
-that says what to change. The rules cover what vLLM 0.33 does silently with a launch setting
+that says what to change. The rules cover what vLLM does silently with a launch setting
 (flags it removed, environment variables it ignores, a pinned KV pool that skips the memory
-pre-check, an unset MoE backend) and the startup failures its log reports; they assume a GB10
-node, the only hardware SparkOps watches. Settings that are recommended practice
+pre-check, an unset MoE backend), the startup failures its log reports and log lines SparkOps
+recognised but could not read; they assume a GB10 node, the only hardware SparkOps watches.
+A removed flag is judged against the engine's own version (its startup log's, or the caller's):
+which release removed which flag comes from vLLM's own argument parsers, minor release by minor
+release (``collectors.vllm.flag_history``). Settings that are recommended practice
 (e.g. a small ``--gpu-memory-utilization`` next to ``--kv-cache-memory-bytes``) are not findings.
 """
 
@@ -15,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from collectors.vllm.flag_history import REMOVED
 from collectors.vllm.flags import EngineConfig
 from collectors.vllm.logs import StartupLog
 from sparkops.units import fixed_gib_text
@@ -27,10 +31,20 @@ GB10_TOTAL_GIB = 121.69
 # --gpu-memory-utilization default: 0.92 in current releases, 0.9 in older ones.
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 
-# Flags vLLM no longer accepts: V0-only (PR #10235), rejected by V1 (#13726), deleted by PR #49244.
-REMOVED_FLAGS = {
+# What to use instead of a removed flag, where there is a successor. The partial-prefill flags
+# only ever worked in V0 (PR #10235), V1 rejected them (#13726) and PR #49244 deleted them.
+REMOVED_FLAG_REPLACEMENTS = {
     "max-num-partial-prefills": "--long-prefill-token-threshold with --max-num-batched-tokens",
     "max-long-partial-prefills": "--long-prefill-token-threshold with --max-num-batched-tokens",
+    "disable-log-requests": "nothing: request logging is off unless --enable-log-requests",
+    "speculative-model": "--speculative-config '{\"model\": …}'",
+    "num-speculative-tokens": "--speculative-config '{\"num_speculative_tokens\": …}'",
+    "guided-decoding-backend": "--structured-outputs-config '{\"backend\": …}'",
+    "cuda-graph-sizes": "--cudagraph-capture-sizes",
+    "task": "--runner and --convert",
+    "override-pooler-config": "--pooler-config",
+    "disable-mm-preprocessor-cache": "--mm-processor-cache-gb 0",
+    "swap-space": "nothing (V1 does not swap KV blocks to host memory)",
 }
 # Environment variables --moe-backend replaced (v0.17.0, PR #33807); vLLM 0.33 ignores them and
 # logs "Unknown vLLM environment variable detected".
@@ -81,6 +95,10 @@ _STARTUP_ERROR_ADVICE = {
         "CUDA ran out of memory while starting. With --kv-cache-memory-bytes vLLM skips its "
         "memory pre-check, so lower the pinned size or free memory before starting"
     ),
+    "unrecognized-arguments": (
+        "this vLLM release does not declare a flag on the command line (removed or misspelled); "
+        "remove it or check `vllm serve --help` of this image"
+    ),
     "engine-core-init-failed": (
         "the engine failed for a reason SparkOps does not recognise; read the log lines above "
         "'Engine core initialization failed'"
@@ -118,13 +136,15 @@ def check_config(
     *,
     log: StartupLog | None = None,
     mounts: list[MountCheck] | None = None,
+    version: str | None = None,
 ) -> list[Finding]:
     """Findings for one engine, most severe first; empty when nothing needs attention.
 
     ``log`` (its last startup) sharpens the checks and adds startup failures; ``mounts`` adds
-    stale bind mounts. Pure and cheap.
+    stale bind mounts; ``version`` is the engine's vLLM version when the caller knows it
+    otherwise (the log's version line is used when it is not given). Pure and cheap.
     """
-    findings: list[Finding] = []
+    findings: list[Finding] = _removed_flags(config, log, version)
     for check in _CONFIG_CHECKS:
         findings.extend(check(config, log))
     findings.extend(_stale_mounts(mounts or []))
@@ -218,16 +238,74 @@ def _kv_bytes_default_utilization(config: EngineConfig, log: StartupLog | None) 
     ]
 
 
-def _removed_flags(config: EngineConfig, log: StartupLog | None) -> list[Finding]:
+def _removed_flags(
+    config: EngineConfig, log: StartupLog | None, version: str | None = None
+) -> list[Finding]:
+    """Flags a vLLM minor release stopped declaring, judged against the engine's own version:
+    an engine of that release or later refuses them at startup (argparse: "unrecognized
+    arguments"), an older one still accepts them, an unknown version is said to be unknown."""
+    version = version or (log.version if log is not None else None)
+    engine_minor = minor_release(version)
+    refused = _log_error(log, "unrecognized-arguments") or ""
+    findings = []
+    for name in config.all_flags:
+        removal = REMOVED.get(name)
+        if removal is None:
+            continue
+        removed_minor = minor_release(removal["removed_in"])
+        if engine_minor is not None and removed_minor is not None and engine_minor < removed_minor:
+            continue
+        replacement = REMOVED_FLAG_REPLACEMENTS.get(name)
+        instead = f" Use {replacement} instead." if replacement else ""
+        history = (
+            f"vLLM {_minor_text(removal['removed_in'])} removed --{name} (the last release that "
+            f"declares it is {removal['last']}"
+            + (f", deprecated since {removal['deprecated_in']}" if removal["deprecated_in"] else "")
+            + ")"
+        )
+        if f"--{name}" in refused:
+            message = f"{history}, and this engine refused it at startup: remove it.{instead}"
+            severity: Severity = "error"
+        elif engine_minor is not None:
+            message = (
+                f"{history}; this engine runs vLLM {version}, which refuses it, so the engine "
+                f"will not start: remove it.{instead}"
+            )
+            severity = "error"
+        else:
+            message = (
+                f"{history}. This engine's vLLM version is not known yet (no version line in "
+                "its log), so whether it still accepts the flag is unknown; an engine of that "
+                f"release or later will not start.{instead}"
+            )
+            severity = "warning"
+        findings.append(Finding("removed-flag", severity, message))
+    return findings
+
+
+def minor_release(version: str | None) -> tuple[int, int] | None:
+    """``(0, 33)`` for "0.33.0", "v0.10.1.1" or "0.11.0rc2+cu130"; None when not a version."""
+    match = re.match(r"v?(\d+)\.(\d+)", version or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def _minor_text(version: str) -> str:
+    minor = minor_release(version)
+    return f"{minor[0]}.{minor[1]}" if minor else version
+
+
+def _unparsed_lines(config: EngineConfig, log: StartupLog | None) -> list[Finding]:
+    if log is None or not log.unparsed:
+        return []
+    first = log.unparsed[0]
+    more = f" (and {len(log.unparsed) - 1} more)" if len(log.unparsed) > 1 else ""
     return [
         Finding(
-            "removed-flag",
-            "error",
-            f"--{name} only ever worked in the V0 engine: V1 rejects it and vLLM 0.33 no longer "
-            f"has it, so the engine will not start. Remove it; the V1 control is {replacement}.",
+            "log-line-unparsed",
+            "warning",
+            f"vLLM printed a {first.fact} line SparkOps recognises but could not read, so that "
+            f"figure is shown as unknown{more}: {first.message}",
         )
-        for name, replacement in REMOVED_FLAGS.items()
-        if name in config.all_flags
     ]
 
 
@@ -313,8 +391,8 @@ _CONFIG_CHECKS: tuple[Callable[[EngineConfig, StartupLog | None], list[Finding]]
     _moe_backend_unset,
     _kv_bytes_skips_precheck,
     _kv_bytes_default_utilization,
-    _removed_flags,
     _enforce_eager,
     _ignored_env_vars,
     _startup_errors,
+    _unparsed_lines,
 )

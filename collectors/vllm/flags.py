@@ -6,7 +6,10 @@ or dashes (``--max_model_len``), unambiguous prefixes (``--kv-cache-memory=…``
 prints in its sizing advice), ``--no-<switch>`` for boolean switches, and vLLM's human-readable
 integers. A value vLLM would refuse raises :class:`FlagError`; nothing is silently read as 0.
 Flags the parser does not interpret are kept verbatim in ``all_flags`` / ``unknown_flags`` so
-checks can see them.
+checks can see them. Which flags take no value, and which names exist at all (for prefix
+abbreviations), comes from every minor release 0.6-0.33 (``collectors.vllm.flag_history``,
+generated from vLLM's own argument parsers), so a switch never swallows the model that follows
+it, whatever the release.
 A command whose secrets were masked (``collectors.redaction``) parses to the same settings, with
 the masked values in place of the secret ones.
 """
@@ -23,6 +26,7 @@ from types import MappingProxyType
 from typing import Any
 
 from collectors.redaction import mask_command
+from collectors.vllm.flag_history import ALL_FLAGS, SWITCHES
 
 DEFAULT_PORT = 8000
 
@@ -213,9 +217,11 @@ _FLAGS: dict[str, _Flag] = {
     "enforce-eager": _Flag("enforce_eager"),
 }
 
-# Boolean switches vLLM declares (BooleanOptionalAction or store_true) that have no field here.
+# Boolean switches vLLM declares (BooleanOptionalAction or store_true) that have no field here:
+# every one of releases 0.6-0.33 (flag_history.SWITCHES) plus a few that the extraction reads as
+# something else in some release (e.g. enable-chunked-prefill, declared without a type in 0.6).
 # Knowing them matters: a switch never swallows the next token as its value.
-_SWITCHES = frozenset(
+_SWITCHES = SWITCHES | frozenset(
     {
         "enable-prefix-caching",
         "enable-chunked-prefill",
@@ -250,7 +256,8 @@ _ALIASES = {
     "pp": "pipeline-parallel-size",
     "dp": "data-parallel-size",
 }
-_KNOWN_NAMES = tuple(sorted(set(_FLAGS) | _BOOLEANS))
+# Every name some release declares: argparse expands an abbreviation only when it is unambiguous.
+_KNOWN_NAMES = tuple(sorted(set(_FLAGS) | _BOOLEANS | ALL_FLAGS))
 _NEGATIVE_NUMBER = re.compile(r"-\d+(?:\.\d+)?")
 
 

@@ -8,6 +8,13 @@ compose ``service  | `` prefix, a ``docker logs --timestamps`` stamp or a journa
 GiB printed as ``6.9``, ``%.2f`` or ``%.4f``. Patterns are searched inside each line and never
 name a source line number, which changes with every vLLM version.
 
+Each fact has one pattern and an anchor, the literal text its line starts with in vLLM's own
+format string (the comments name the releases and the ``file:line`` of each). A line that holds
+an anchor but not its pattern (``Model loading took nan GiB …``) is kept in
+``StartupLog.unparsed`` with the fact's name: it is reported, never read as something else and
+never silently dropped. Every pattern is checked against lines rendered from the format strings
+of each minor release 0.6-0.33 (tests/fixtures/vllm_releases/).
+
 A log can hold several startups (a container restarted); only the last one is reported, and
 ``startup_count`` says how many there were.
 """
@@ -26,6 +33,7 @@ from collectors.redaction import mask_data
 PHASES = ("unknown", "loading", "profiling", "kv_allocated", "ready", "failed")
 _RANK = {phase: rank for rank, phase in enumerate(PHASES)}
 _MAX_MESSAGE = 500
+MAX_UNPARSED = 10
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,18 @@ class LogError:
 
     def as_dict(self) -> dict[str, str]:
         return {"kind": self.kind, "message": self.message}
+
+
+@dataclass(frozen=True)
+class UnparsedLine:
+    """A line that looks like the one vLLM prints for ``fact`` but whose figures did not parse
+    (e.g. ``nan`` or ``None`` where a number belongs): the fact stays unknown and this says why."""
+
+    fact: str
+    message: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"fact": self.fact, "message": self.message}
 
 
 @dataclass
@@ -53,7 +73,8 @@ class StartupLog:
     negative on GB10 (a profiler artefact there). ``startup_free_gib`` is the free memory vLLM
     saw when it started (on GB10 it follows MemFree). ``moe_backend`` / ``moe_quantization`` come
     from the MoE kernel line (e.g. "MARLIN", "NvFp4"). Timestamps are vLLM's own
-    ``MM-DD HH:MM:SS`` (no year).
+    ``MM-DD HH:MM:SS`` (no year). ``unparsed`` lists lines of a known kind whose figures could
+    not be read (at most :data:`MAX_UNPARSED`), so that a figure left unknown says why.
     """
 
     phase: str = "unknown"
@@ -83,6 +104,7 @@ class StartupLog:
     non_default_args: dict[str, Any] | None = None
     unknown_env_vars: list[str] = field(default_factory=list)
     errors: list[LogError] = field(default_factory=list)
+    unparsed: list[UnparsedLine] = field(default_factory=list)
 
     @property
     def recognised(self) -> bool:
@@ -95,6 +117,7 @@ class StartupLog:
         known = {item.name for item in fields(cls)}
         values = {key: value for key, value in data.items() if key in known}
         values["errors"] = [LogError(**error) for error in data.get("errors", [])]
+        values["unparsed"] = [UnparsedLine(**line) for line in data.get("unparsed", [])]
         return cls(**values)
 
     def as_dict(self) -> dict[str, Any]:
@@ -127,6 +150,7 @@ class StartupLog:
             "non_default_args": self.non_default_args,
             "unknown_env_vars": list(self.unknown_env_vars),
             "errors": [error.as_dict() for error in self.errors],
+            "unparsed": [line.as_dict() for line in self.unparsed],
         }
 
 
@@ -187,15 +211,19 @@ _HEADER = re.compile(
     r"(?:\([^()]*?pid=\d+\)\s*)?"
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+"
     r"(?P<ts>\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)?\s+"
-    r"\[?[^\s\]]+:\d+\]\s?"
+    r"\[?(?P<source>[^\s\]]+):\d+\]\s?"
 )
 _PROCESS_PREFIX = re.compile(r"\([^()]*?pid=\d+\)\s*")
 
 
 @dataclass(frozen=True)
 class _Line:
+    """One log line's message; ``source`` is the file name its header names ("cuda.py"; vLLM
+    prints a shortened relative path at DEBUG level), None without a header."""
+
     message: str
     timestamp: str | None
+    source: str | None = None
 
 
 def _parse_line(raw_line: str) -> _Line | None:
@@ -204,100 +232,245 @@ def _parse_line(raw_line: str) -> _Line | None:
         return None
     header = _HEADER.search(line)
     if header is not None:
-        return _Line(line[header.end() :].strip(), header.group("ts"))
+        source = header.group("source").rsplit("/", 1)[-1]
+        return _Line(line[header.end() :].strip(), header.group("ts"), source)
     prefix = _PROCESS_PREFIX.search(line)
     message = line[prefix.end() :] if prefix is not None else line
     return _Line(message.strip(), None)
 
 
-# --- patterns: vLLM's memory-planning and server-ready lines, current texts and older variants ---
+# --- facts: vLLM's memory-planning and server-ready lines, current texts and older variants ----
+#
+# Release ranges and file:line are those of the newest release of each minor version, read from
+# vLLM's source (tests/fixtures/vllm_releases/<version>.json holds every site).
 
 _NUM = r"(-?\d+(?:\.\d+)?)"
 _INT = r"(\d[\d,]*)"
 
+
+@dataclass(frozen=True)
+class _Fact:
+    """One fact a line states: ``anchor`` is literal text of vLLM's format string that every
+    variant of the line holds, ``pattern`` reads the figures. A line with the anchor that the
+    pattern does not read is reported as unparsed."""
+
+    name: str
+    anchor: str
+    pattern: re.Pattern[str]
+
+
+def _fact(name: str, anchor: str, pattern: str) -> _Fact:
+    return _Fact(name, anchor, re.compile(pattern))
+
+
 # Lines that begin a startup; the same kind twice means the engine started again.
 _START_MARKERS = {
-    "server_version": re.compile(r"vLLM API server version (\S+)"),
+    # "vLLM API server version %s" 0.6-0.16 (vllm/entrypoints/openai/api_server.py, later
+    # entrypoints/api_server.py:129 up to 0.24); "vLLM server version %s, serving model %s"
+    # 0.15-0.33 (vllm/entrypoints/common/startup.py:38, when the logo is off); "vLLM gRPC server
+    # version %s" 0.14 (vllm/entrypoints/grpc_server.py:411).
+    "server_version": re.compile(r"vLLM (?:API |gRPC )?server version ([^\s,]+)"),
+    # The logo, 0.15-0.33 (vllm/entrypoints/common/startup.py:21): "█  version %s".
     "banner": re.compile(r"█\s+version\s+(\S+)"),
+    # "non-default args: %s" 0.9-0.33 (vllm/entrypoints/common/startup.py:96).
     "args": re.compile(r"non-default args: (\{.*\})\s*$"),
+    # "Initializing an LLM engine (v%s)" 0.6, "a V0/V1 LLM engine" 0.7-0.33
+    # (vllm/v1/engine/core.py:139; vllm/engine/llm_engine.py up to 0.10).
     "engine": re.compile(
         r"Initializing an? (?:V\d )?LLM engine \(v?([^)\s]+)\) with config: (.*)$"
     ),
 }
-_WEIGHTS = re.compile(r"Model loading took " + _NUM + r" (?:GiB|GB)(?: memory)? and " + _NUM + " s")
-# Early-2025 V1 and V0 print "GB" but divide by 2**30: the value is GiB.
-_WEIGHTS_OLD = re.compile(r"Loading model weights took " + _NUM + r" (?:GiB|GB)")
-_LOADER_SECONDS = re.compile(r"Loading weights took " + _NUM + " seconds")
+# "Model loading took %.4f GiB and %.6f seconds" 0.8-0.13, "… GiB memory and …" 0.11-0.33
+# (vllm/v1/worker/gpu_model_runner.py:5088, v1/worker/gpu/model_runner.py:428), with "%s" GiB
+# (format_gib, e.g. "6.9") from 0.14.
+_WEIGHTS = _fact(
+    "weights", "Model loading took ",
+    r"Model loading took " + _NUM + r" (?:GiB|GB)(?: memory)? and " + _NUM + " s",
+)
+# "Loading model weights took %.4f GB" 0.6-0.7 (vllm/worker/model_runner.py:1115,
+# v1/worker/gpu_model_runner.py): "GB" but divided by 2**30, so GiB.
+_WEIGHTS_OLD = _fact(
+    "weights", "Loading model weights took ", r"Loading model weights took " + _NUM + r" (?:GiB|GB)"
+)
+# "Loading weights took %.2f seconds" 0.8-0.33 (model_loader/default_loader.py:506).
+_LOADER_SECONDS = _fact(
+    "weights_load_seconds", "Loading weights took ", r"Loading weights took " + _NUM + " seconds"
+)
+# "Starting to load model %s..." 0.6-0.33 (v1/worker/gpu_model_runner.py:4978).
 _LOADING = re.compile(r"Starting to load model")
+# "Memory profiling takes %.2f seconds" (V0, vllm/worker/worker.py, 0.6-0.10), "torch.compile
+# takes %.2f s in total" 0.6-0.17 (compilation/monitor.py), "%sInitial profiling/warmup run took
+# %.2f s" 0.18-0.33 (compilation/monitor.py:91), "Profiling CUDA graph memory: %s" 0.18-0.33
+# (v1/worker/gpu_model_runner.py:6304).
 _PROFILING = re.compile(
     r"Initial profiling/warmup run took|torch\.compile take|Memory profiling takes|"
     r"Profiling CUDA graph memory"
 )
-_GRAPH_ESTIMATE = re.compile(r"Estimated CUDA graph memory: " + _NUM + " GiB")
-_KV_AVAILABLE = re.compile(r"Available KV cache memory: " + _NUM + " GiB")
-_KV_PINNED = re.compile(
-    r"Initial free memory " + _NUM + r" GiB, reserved " + _NUM + r" GiB memory for KV Cache as "
-    r"specified by kv_cache_memory_bytes"
+# "Estimated CUDA graph memory: %.2f GiB total" 0.18-0.33 (v1/worker/gpu_model_runner.py:6409).
+_GRAPH_ESTIMATE = _fact(
+    "cuda_graph_estimate_gib", "Estimated CUDA graph memory: ",
+    r"Estimated CUDA graph memory: " + _NUM + " GiB",
 )
-_STARTUP_PLAN = re.compile(
+# "Available KV cache memory: %.2f GiB" 0.9-0.13, "%s GiB" 0.14-0.33
+# (v1/worker/gpu_worker.py:772). Not printed for a --kv-cache-memory-bytes pool.
+_KV_AVAILABLE = _fact(
+    "kv_cache_gib", "Available KV cache memory: ",
+    r"Available KV cache memory: " + _NUM + " GiB",
+)
+# "Initial free memory %s GiB, reserved %sGiB memory for KV Cache as specified by
+# kv_cache_memory_bytes config …": no space before "GiB" in 0.10 (v1/worker/gpu_worker.py:251),
+# "reserved %s GiB" 0.11-0.33 (v1/worker/gpu_worker.py:676).
+_KV_PINNED = _fact(
+    "kv_cache_gib", "memory for KV Cache as specified by kv_cache_memory_bytes",
+    r"Initial free memory " + _NUM + r" GiB, reserved " + _NUM + r" ?GiB memory for KV Cache as "
+    r"specified by kv_cache_memory_bytes",
+)
+# "Applying persisted startup plan (fingerprint %s): kv_cache_memory_bytes=%d (%.2f GiB), …,
+# current %.2f GiB." 0.26-0.33, VLLM_ENABLE_STARTUP_PLAN=1 (v1/worker/startup_plan.py:153).
+_STARTUP_PLAN = _fact(
+    "kv_cache_gib", "Applying persisted startup plan ",
     r"Applying persisted startup plan .*?kv_cache_memory_bytes=\d+ \(" + _NUM + r" GiB\).*?"
-    r"current " + _NUM + " GiB"
+    r"current " + _NUM + " GiB",
 )
-# "GPU" becomes the device type elsewhere, "GPU + host" with hisparse; one line or two.
-_KV_TOKENS = re.compile(r"KV cache size: " + _INT + " tokens")
-_CONCURRENCY = re.compile(r"Maximum concurrency for " + _INT + " tokens per request: " + _NUM + "x")
-_GPU_BLOCKS = re.compile(r"# GPU blocks: (\d+)|num_gpu_blocks is: (\d+)")
-_V0_BUDGET = re.compile(r"total_gpu_memory \(" + _NUM + r" ?GiB\) x gpu_memory_utilization")
-_V0_PROFILE = re.compile(
-    r"model weights take " + _NUM + r" ?GiB;.*reserved for KV Cache is " + _NUM + r" ?GiB"
+# "GPU KV cache size: %s tokens" 0.8-0.27 (v1/core/kv_cache_utils.py), one line with the
+# concurrency since 0.28 ("%s KV cache size: %s tokens, Maximum concurrency for %s tokens per
+# request: %.2fx", v1/core/kv_cache_utils.py:1147; "GPU" is the device type, "GPU + host" with
+# hisparse).
+_KV_TOKENS = _fact("kv_cache_tokens", "KV cache size: ", r"KV cache size: " + _INT + " tokens")
+# "Maximum concurrency for %s tokens per request: %.2fx" 0.6-0.33 (V0
+# executor/executor_base.py up to 0.10; v1/core/kv_cache_utils.py).
+_CONCURRENCY = _fact(
+    "max_concurrency", "Maximum concurrency for ",
+    r"Maximum concurrency for " + _INT + " tokens per request: " + _NUM + "x",
 )
-_GRAPH_CAPTURED = re.compile(r"Graph capturing finished in \d+ secs?, took " + _NUM + " GiB")
-_GRAPH_POOL = re.compile(r"CUDA graph pool memory: " + _NUM + r" GiB \(actual\)")
-# Both the sizing advice and the "less than desired" error start like this; "cuda:0" since 2026.
-_FREE_AT_START = re.compile(
-    r"Free memory on device (?:\S+ )?\(" + _NUM + "/" + _NUM + r" GiB\) on startup"
+# "# GPU blocks: %d, # CPU blocks: %d" (V0 executor/gpu_executor.py, 0.6), "# GPU blocks: %d"
+# (V1 0.6-0.7, v1/core/kv_cache_utils.py:522).
+_GPU_BLOCKS = _fact("num_gpu_blocks", "# GPU blocks: ", r"# GPU blocks: (\d+)")
+# "Engine %03d: vllm cache_config_info with initialization after num_gpu_blocks is: %d" and
+# "%d Engines: …" 0.9-0.33 (v1/metrics/loggers.py:350, 425; DEBUG for one engine since 0.11).
+_CACHE_INFO_BLOCKS = _fact(
+    "num_gpu_blocks", "num_gpu_blocks is: ", r"num_gpu_blocks is: (\d+)"
 )
-_KV_IN_USE = re.compile(r"Current kv cache memory in use is " + _NUM + " GiB")
-_INIT_ENGINE = re.compile(
-    r"init engine \(profile, create kv cache, warmup model\) took " + _NUM + " s"
+# V0's memory profile, 0.6-0.10 (vllm/worker/worker.py:290), one message on three lines.
+_V0_BUDGET = _fact(
+    "device_total_gib", "x gpu_memory_utilization",
+    r"total_gpu_memory \(" + _NUM + r" ?GiB\) x gpu_memory_utilization",
 )
+_V0_PROFILE = _fact(
+    "kv_cache_gib", "reserved for KV Cache is ",
+    r"model weights take " + _NUM + r" ?GiB;.*reserved for KV Cache is " + _NUM + r" ?GiB",
+)
+# "Graph capturing finished in %.0f secs, took %.2f GiB" 0.6-0.33 (v1/worker/gpu_model_runner.py,
+# v1/worker/gpu/model_runner.py:1163; V0 worker/model_runner.py up to 0.10).
+_GRAPH_CAPTURED = _fact(
+    "cuda_graph_gib", "Graph capturing finished in ",
+    r"Graph capturing finished in \d+ secs?, took " + _NUM + " GiB",
+)
+# "CUDA graph pool memory: %s GiB (actual), %s GiB (estimated), …" 0.18-0.33
+# (v1/worker/gpu_worker.py:1003).
+_GRAPH_POOL = _fact(
+    "cuda_graph_gib", "CUDA graph pool memory: ",
+    r"CUDA graph pool memory: " + _NUM + r" GiB \(actual\)",
+)
+# Both the sizing advice ("Free memory on device (%s/%s GiB) on startup. Desired …" 0.10-0.33,
+# v1/worker/gpu_worker.py:1066) and the "less than desired" error start like this; the device
+# ("cuda:0") is named in the error since 0.14 (v1/worker/utils.py:762).
+_FREE_AT_START = _fact(
+    "startup_free_gib", "Free memory on device ",
+    r"Free memory on device (?:\S+ )?\(" + _NUM + "/" + _NUM + r" GiB\) on startup",
+)
+# The sizing advice's last sentence: "… in use is %d bytes." in 0.10, "… %s GiB." 0.11-0.33.
+_KV_IN_USE = _fact(
+    "kv_cache_gib", "Current kv cache memory in use is ",
+    r"Current kv cache memory in use is " + _NUM + r" (GiB|bytes)",
+)
+# "init engine (profile, create kv cache, warmup model) took %.2f seconds" 0.6-0.19, "… %.2f s"
+# with an optional compilation note 0.20-0.33 (v1/engine/core.py:395-412).
+_INIT_ENGINE = _fact(
+    "init_engine_seconds", "init engine (profile, create kv cache, warmup model) took ",
+    r"init engine \(profile, create kv cache, warmup model\) took " + _NUM + " s",
+)
+# "Starting vLLM API server on http://%s:%d" 0.7-0.8, "Starting vLLM API server %d on %s" 0.9-0.17
+# (entrypoints/openai/api_server.py), "Starting vLLM server on %s" 0.18-0.33
+# (entrypoints/launchers/api_server/entry.py:139); uvicorn's "Application startup complete".
 _READY = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on |Application startup complete")
+# "Unknown vLLM environment variable detected: %s" 0.17-0.33 (vllm/envs.py, platforms/interface.py
+# :1469).
 _UNKNOWN_ENV = re.compile(r"Unknown vLLM environment variable detected: (\w+)")
 
-# Backend choices as vLLM logs them, e.g. "Using 'MARLIN' NvFp4 MoE backend out of potential
-# backends: […]", "Using FLASHINFER attention backend out of potential backends: […]",
-# "Using AttentionBackendEnum.TRITON_ATTN backend.", "Using FlashInferCutlassNvFp4LinearKernel for
-# NVFP4 GEMM", the 2025 "Using Flash Attention backend on V1 engine." and V0's "Using XFormers
-# backend."
-_MOE_BACKEND = re.compile(r"Using '?(\w+)'? (?:(\w+) )?MoE backend")
+# Backend choices as vLLM logs them: "Using %s attention backend out of potential backends: %s"
+# 0.12-0.33 (platforms/cuda.py:508); "Using %s backend." with an AttentionBackendEnum 0.11-0.33
+# (platforms/cuda.py:448); "Using Flash Attention backend on V1 engine." and the like 0.7-0.10
+# ("Using FlashInfer backend with HND KV cache layout on V1 engine by default for Blackwell" 0.10);
+# V0's "Using XFormers backend." 0.6-0.10 (platforms/cuda.py). MoE: "Using '%s' NvFp4 MoE backend
+# out of potential backends: %s" and "Using %s Fp8 / Int8 / W4A8 Int8 / Unquantized MoE backend
+# …" (model_executor/layers/fused_moe/oracle/*.py, 0.17-0.33). GEMM: "Using %s for NVFP4 GEMM"
+# 0.11-0.33 (model_executor/kernels/linear/__init__.py:1259).
+_MOE_BACKEND = re.compile(r"Using '?(\w+)'? (?:((?:\w+ )*?\w+) )?MoE backend")
 _ATTENTION_BACKEND = re.compile(
-    r"Using (\w+) attention backend|Using AttentionBackendEnum\.(\w+) backend|"
-    r"Using ([\w ]+?) backend on V1 engine|^Using ([A-Z][\w ]*?) backend\.$"
+    r"Using (\w+) attention backend|Using AttentionBackendEnum\.(\w+) backend"
 )
+# The bare forms ("Using Flash Attention backend on V1 engine.", "Using XFormers backend.") are
+# attention only where vLLM picks the attention backend: platforms/cuda.py (0.7-0.33) and
+# attention/selector.py (0.6-0.9). Elsewhere the same words name other things ("Using
+# Transformers modeling backend.", models/transformers/base.py; "Using FlashInfer KDA prefill
+# backend.", models/kimi_k3/nvidia/kda.py).
+_ATTENTION_BACKEND_BARE = re.compile(
+    r"Using ([\w ]+?) backend(?: with [\w ]+?)? on V1 engine|^Using ([A-Z][\w ]*?) backend\.$"
+)
+_ATTENTION_SOURCES = frozenset({"cuda.py", "selector.py"})
 _ENCODER_ATTENTION = re.compile(r"Using AttentionBackendEnum\.(\w+) for MMEncoderAttention")
 _MLA_PREFILL = re.compile(r"Using (\w+) MLA prefill backend")
-_GEMM_KERNEL = re.compile(r"Using (\w+) for (\w+) GEMM")
+_GEMM_KERNEL = re.compile(r"Using (\w+) (?:backend )?for (\w+) GEMM")
 _MARLIN_FP4 = re.compile(r"Weight-only FP4 compression will be used leveraging the Marlin kernel")
 
-# (kind, pattern); the first match on a line wins. Texts of vLLM's startup failures
-# (vllm/v1/worker/utils.py:request_memory, vllm/v1/core/kv_cache_planning.py, gpu_worker.py),
-# plus vLLM's quantization check (ModelConfig._verify_quantization) and the CUDA runtime's PTX
-# error (an image built with a newer CUDA than the host driver; on GB10 also `ptxas` refusing
-# sm_121a).
+# (kind, pattern); the first match on a line wins. vLLM's startup failures, as the traceback's
+# last line ("ValueError: …") or a log line:
+# - free memory: "… on startup is less than desired GPU memory utilization" 0.9-0.33
+#   (v1/worker/utils.py:762) and "… less than the engine's budget after excluding external
+#   process's weights" 0.33 (v1/worker/utils.py:741);
+# - "Error in memory profiling." 0.6-0.33 (an assert, v1/worker/gpu_worker.py:732);
+# - "To serve at least one request with the models's max seq len" 0.7-0.21, "model's" 0.22-0.33
+#   (v1/core/kv_cache_planning.py:77);
+# - "No available memory for the cache blocks." 0.6-0.33 (v1/core/kv_cache_planning.py:57) and
+#   "Cannot auto-fit max_model_len: not enough GPU memory" 0.14-0.33 (…:1381);
+# - "Failed to load model - not enough GPU memory." 0.13-0.33 (v1/worker/gpu_model_runner.py);
+# - "Quantization method specified in the model config (%s) does not match …" (config/model.py);
+# - the CUDA runtime's PTX error (an image built with a newer CUDA than the host driver; on
+#   GB10 also `ptxas` refusing sm_121a) and argparse refusing a flag (CPython Lib/argparse.py:
+#   "unrecognized arguments: %s"; vLLM removed the flag), which are not vLLM's own text.
+# The engine's own report that it failed: "EngineCoreProc failed to start." 0.6, "%s
+# initialization failed. See root cause above." 0.7, "EngineCore failed to start." /
+# "WorkerProc failed to start." (logged with the traceback) and "Engine core initialization
+# failed. See root cause above. Failed core proc(s): %s" 0.8-0.33 (v1/engine/core.py:1584,
+# v1/engine/utils.py:1473).
 _ERRORS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("free-memory-below-utilization", re.compile(r"Free memory on device.* is less than desired")),
+    (
+        "free-memory-below-utilization",
+        re.compile(r"Free memory on device.* is less than (?:desired|the engine's budget)"),
+    ),
     ("memory-profiling-error", re.compile(r"Error in memory profiling\.")),
-    ("max-seq-len-too-long", re.compile(r"To serve at least one request with the model's max")),
-    ("no-cache-memory", re.compile(r"No available memory for the cache blocks")),
+    ("max-seq-len-too-long", re.compile(r"To serve at least one request with the models?'s max")),
+    (
+        "no-cache-memory",
+        re.compile(r"No available memory for the cache blocks|Cannot auto-fit max_model_len"),
+    ),
     ("ptx-toolchain", re.compile(r"PTX was compiled with an unsupported toolchain|ptxas fatal")),
     ("not-enough-gpu-memory", re.compile(r"Failed to load model - not enough GPU memory")),
     (
         "quantization-mismatch",
         re.compile(r"Quantization method specified in the model config .* does not match"),
     ),
+    ("unrecognized-arguments", re.compile(r"error: unrecognized arguments: \S")),
     # Generic symptoms, reported only when no specific cause above was found.
     ("cuda-out-of-memory", re.compile(r"CUDA out of memory")),
-    ("engine-core-init-failed", re.compile(r"Engine core initialization failed")),
+    (
+        "engine-core-init-failed",
+        re.compile(
+            r"Engine core initialization failed|(?:EngineCore|EngineCoreProc|WorkerProc) failed "
+            r"to start|initialization failed\. See root cause above"
+        ),
+    ),
 )
 GENERIC_ERROR_KINDS = frozenset({"cuda-out-of-memory", "engine-core-init-failed"})
 ERROR_KINDS = tuple(kind for kind, _ in _ERRORS)
@@ -316,6 +489,7 @@ class _Startup:
         self.counted = False
         self.loader_seconds: float | None = None
         self.errors: dict[str, LogError] = {}
+        self.unparsed: list[UnparsedLine] = []
 
     def starts_new_startup(self, message: str) -> bool:
         """A start marker seen before, or any start of loading after the KV cache or a failure."""
@@ -323,7 +497,19 @@ class _Startup:
         for kind, pattern in _START_MARKERS.items():
             if pattern.search(message):
                 return kind in self.markers or late
-        return late and bool(_WEIGHTS.search(message) or _WEIGHTS_OLD.search(message))
+        return late and bool(
+            _WEIGHTS.pattern.search(message) or _WEIGHTS_OLD.pattern.search(message)
+        )
+
+    def read(self, fact: _Fact, message: str) -> re.Match[str] | None:
+        """The fact's figures in this line; a line with the fact's anchor whose figures do not
+        parse is noted as unparsed (and the fact stays as it was)."""
+        if fact.anchor not in message:
+            return None
+        match = fact.pattern.search(message)
+        if match is None and len(self.unparsed) < MAX_UNPARSED:
+            self.unparsed.append(UnparsedLine(fact.name, _one_line(message)))
+        return match
 
     def feed(self, line: _Line) -> bool:
         recognised = False
@@ -341,6 +527,7 @@ class _Startup:
         if log.weights_load_seconds is None:
             log.weights_load_seconds = self.loader_seconds
         log.errors = _without_generic_duplicates(list(self.errors.values()))
+        log.unparsed = list(self.unparsed)
         log.phase = "failed" if log.errors else PHASES[self.rank]
         log.startup_seconds = _seconds_between(log.started_at, log.ready_at)
         return log
@@ -397,16 +584,17 @@ def _on_start_markers(startup: _Startup, line: _Line) -> bool:
 
 
 def _on_weights(startup: _Startup, line: _Line) -> bool:
-    if match := _WEIGHTS.search(line.message):
+    message = line.message
+    if match := startup.read(_WEIGHTS, message):
         startup.log.weights_gib = _gib(match)
         startup.log.weights_load_seconds = _gib(match, 2)
-    elif match := _WEIGHTS_OLD.search(line.message):
+    elif match := startup.read(_WEIGHTS_OLD, message):
         startup.log.weights_gib = _gib(match)
-    elif match := _LOADER_SECONDS.search(line.message):
+    elif match := startup.read(_LOADER_SECONDS, message):
         startup.loader_seconds = _gib(match)
         startup.reach("loading")
         return True
-    elif _LOADING.search(line.message):
+    elif _LOADING.search(message):
         startup.reach("loading")
         return True
     else:
@@ -416,30 +604,31 @@ def _on_weights(startup: _Startup, line: _Line) -> bool:
 
 
 def _on_profiling(startup: _Startup, line: _Line) -> bool:
-    if match := _GRAPH_ESTIMATE.search(line.message):
+    message = line.message
+    if match := startup.read(_GRAPH_ESTIMATE, message):
         startup.log.cuda_graph_estimate_gib = _gib(match)
-    elif match := _V0_BUDGET.search(line.message):
+    elif match := startup.read(_V0_BUDGET, message):
         startup.log.device_total_gib = _gib(match)
-    elif match := _STARTUP_PLAN.search(line.message):
+    elif match := startup.read(_STARTUP_PLAN, message):
         startup.log.kv_cache_gib = _gib(match)
         startup.log.kv_cache_pinned = True
         startup.log.startup_free_gib = _gib(match, 2)
-    elif not _PROFILING.search(line.message):
+    elif not _PROFILING.search(message):
         return False
     startup.reach("profiling")
     return True
 
 
 def _on_kv_budget(startup: _Startup, line: _Line) -> bool:
-    log = startup.log
-    if match := _KV_PINNED.search(line.message):
+    log, message = startup.log, line.message
+    if match := startup.read(_KV_PINNED, message):
         log.startup_free_gib = _gib(match)
         log.kv_cache_gib = _gib(match, 2)
         log.kv_cache_pinned = True
-    elif match := _KV_AVAILABLE.search(line.message):
+    elif match := startup.read(_KV_AVAILABLE, message):
         log.kv_cache_gib = _gib(match)
         log.kv_cache_pinned = False
-    elif match := _V0_PROFILE.search(line.message):
+    elif match := startup.read(_V0_PROFILE, message):
         if log.weights_gib is None:
             log.weights_gib = _gib(match)
         log.kv_cache_gib = _gib(match, 2)
@@ -451,17 +640,17 @@ def _on_kv_budget(startup: _Startup, line: _Line) -> bool:
 
 
 def _on_kv_capacity(startup: _Startup, line: _Line) -> bool:
-    log = startup.log
+    log, message = startup.log, line.message
     matched = False
-    if match := _KV_TOKENS.search(line.message):
+    if match := startup.read(_KV_TOKENS, message):
         log.kv_cache_tokens = _int(match)
         matched = True
-    if match := _CONCURRENCY.search(line.message):
+    if match := startup.read(_CONCURRENCY, message):
         log.concurrency_for_tokens = _int(match)
         log.max_concurrency = _gib(match, 2)
         matched = True
-    if match := _GPU_BLOCKS.search(line.message):
-        log.num_gpu_blocks = int(match.group(1) or match.group(2))
+    if match := startup.read(_GPU_BLOCKS, message) or startup.read(_CACHE_INFO_BLOCKS, message):
+        log.num_gpu_blocks = _int(match)
         matched = True
     if matched:
         startup.reach("kv_allocated")
@@ -469,10 +658,10 @@ def _on_kv_capacity(startup: _Startup, line: _Line) -> bool:
 
 
 def _on_graphs_and_init(startup: _Startup, line: _Line) -> bool:
-    log = startup.log
-    if match := _GRAPH_CAPTURED.search(line.message) or _GRAPH_POOL.search(line.message):
+    log, message = startup.log, line.message
+    if match := startup.read(_GRAPH_CAPTURED, message) or startup.read(_GRAPH_POOL, message):
         log.cuda_graph_gib = _gib(match)
-    elif match := _INIT_ENGINE.search(line.message):
+    elif match := startup.read(_INIT_ENGINE, message):
         log.init_engine_seconds = _gib(match)
     else:
         return False
@@ -481,14 +670,16 @@ def _on_graphs_and_init(startup: _Startup, line: _Line) -> bool:
 
 
 def _on_free_memory(startup: _Startup, line: _Line) -> bool:
-    log = startup.log
+    log, message = startup.log, line.message
     matched = False
-    if match := _FREE_AT_START.search(line.message):
+    if match := startup.read(_FREE_AT_START, message):
         log.startup_free_gib = _gib(match)
         log.device_total_gib = _gib(match, 2)
         matched = True
-    if (match := _KV_IN_USE.search(line.message)) and log.kv_cache_gib is None:
-        log.kv_cache_gib = _gib(match)
+    if (match := startup.read(_KV_IN_USE, message)) and log.kv_cache_gib is None:
+        in_use = _gib(match)
+        # 0.10 printed the size in bytes; every other figure here is GiB.
+        log.kv_cache_gib = round(in_use / 2**30, 2) if match.group(2) == "bytes" else in_use
         log.kv_cache_pinned = False
         matched = True
     return matched
@@ -504,7 +695,7 @@ def _on_ready(startup: _Startup, line: _Line) -> bool:
 
 
 def _on_backends(startup: _Startup, line: _Line) -> bool:
-    label = _backend_label(startup, line.message)
+    label = _backend_label(startup, line.message, line.source)
     if label is None:
         return False
     if label not in startup.log.backends:
@@ -512,7 +703,7 @@ def _on_backends(startup: _Startup, line: _Line) -> bool:
     return True
 
 
-def _backend_label(startup: _Startup, message: str) -> str | None:
+def _backend_label(startup: _Startup, message: str, source: str | None) -> str | None:
     if match := _MOE_BACKEND.search(message):
         startup.log.moe_backend = match.group(1)
         startup.log.moe_quantization = match.group(2)
@@ -526,7 +717,10 @@ def _backend_label(startup: _Startup, message: str) -> str | None:
         return f"{match.group(2)} GEMM: {match.group(1)}"
     if _MARLIN_FP4.search(message):
         return "FP4 GEMM: Marlin (weight-only)"
-    if match := _ATTENTION_BACKEND.search(message):
+    match = _ATTENTION_BACKEND.search(message)
+    if match is None and (source is None or source in _ATTENTION_SOURCES):
+        match = _ATTENTION_BACKEND_BARE.search(message)
+    if match is not None:
         name = next(group for group in match.groups() if group)
         startup.log.attention_backend = name
         return f"attention: {name}"

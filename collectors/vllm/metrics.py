@@ -17,8 +17,11 @@ the middle of a line would otherwise parse, with a wrong last value).
 Names follow vllm/v1/metrics/loggers.py of vLLM 0.33 and the names before vLLM PRs #18354,
 #29330 and #32661 renamed them; each quantity is read from
 the current name and, only when that is absent, from its older names. An engine is identified
-by the ``model_name`` and ``engine`` labels; ``engine`` is missing before vLLM 0.8/0.10
-and is then ``None``.
+by the ``model_name`` and ``engine`` labels; ``engine`` is missing in V0 (0.6-0.10,
+vllm/engine/metrics.py) and in V1 0.7 (vllm/v1/metrics/loggers.py: ``labelnames =
+["model_name"]``) and is then ``None``. The names, types, label sets and buckets of every minor
+release 0.6-0.33 are checked in tests/test_vllm_releases.py against expositions rendered from
+each release's own definitions (tests/fixtures/vllm_releases/).
 
 Cost: one pass of line filtering, then about 5 MB/s of text in the prometheus_client parser
 (pure Python) over the lines kept, then one pass over the samples.
@@ -44,7 +47,9 @@ __all__ = [
 ]
 
 # Current name first, then older names of the same quantity (gpu_cache_usage_perc and
-# gpu_prefix_cache_* were renamed by vLLM PR #18354 and dropped by PR #29330). Both KV usage
+# gpu_prefix_cache_* were renamed by vLLM PR #18354 and dropped by PR #29330). As the releases
+# define them: gpu_cache_usage_perc in V0 0.6-0.10 and V1 0.7-0.10, hidden in 0.11, gone from
+# 0.12; kv_cache_usage_perc and prefix_cache_* 0.9-0.33 (vllm/v1/metrics/loggers.py). Both KV usage
 # names are a fraction 0-1 despite "_perc": vLLM's help text says "1 means 100 percent usage"
 # and vLLM's official Grafana dashboard (examples/observability/prometheus_grafana/grafana.json,
 # "Cache Utilization") shows them with unit percentunit.
@@ -75,7 +80,8 @@ _COUNTER_NAMES: Mapping[str, tuple[str, ...]] = {
     "spec_decode_accepted_tokens_total": ("vllm:spec_decode_num_accepted_tokens_total",),
 }
 # time_per_output_token_seconds was the inter-token latency under its old name; it is not
-# request_time_per_output_token_seconds, which is a per-request mean (vLLM PR #24110).
+# request_time_per_output_token_seconds, which is a per-request mean (vLLM PR #24110). The old
+# name: V0 0.6-0.10, V1 0.7-0.11, hidden 0.12-0.14, gone from 0.15; the new one 0.10-0.33.
 _HISTOGRAM_NAMES: Mapping[str, tuple[str, ...]] = {
     "ttft": ("vllm:time_to_first_token_seconds",),
     "inter_token_latency": (

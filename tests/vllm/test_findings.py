@@ -172,11 +172,53 @@ def test_pinned_kv_cache_with_default_utilization() -> None:
 
 
 @pytest.mark.parametrize("flag", ["--max-num-partial-prefills", "--max_long_partial_prefills"])
-def test_removed_flags(flag: str) -> None:
-    finding = by_code(check_config(parse_command_line(f"vllm serve m {flag} 2")), "removed-flag")
+def test_removed_flags_on_an_engine_that_refuses_them(flag: str) -> None:
+    log = StartupLog(phase="failed", version="0.33.0")
+    config = parse_command_line(f"vllm serve m {flag} 2")
+    finding = by_code(check_config(config, log=log), "removed-flag")
     assert finding.severity == "error"
     assert flag.replace("_", "-") in finding.message
+    assert "0.33.0" in finding.message
     assert "--long-prefill-token-threshold" in finding.message
+
+
+def test_removed_flag_on_an_older_engine_is_not_a_finding() -> None:
+    config = parse_command_line("vllm serve m --max-num-partial-prefills 2")
+    old = StartupLog(phase="ready", version="0.26.0")
+    assert "removed-flag" not in codes(check_config(config, log=old))
+    assert "removed-flag" not in codes(check_config(config, version="0.10.1.1"))
+
+
+def test_removed_flag_of_an_unknown_version_says_so() -> None:
+    finding = by_code(
+        check_config(parse_command_line("vllm serve m --max-num-partial-prefills 2")),
+        "removed-flag",
+    )
+    assert finding.severity == "warning"
+    assert "not known" in finding.message
+
+
+def test_removed_flag_refused_in_the_log_is_an_error_whatever_the_version() -> None:
+    log = parse_startup_log(
+        "usage: vllm serve [model_tag] [options]\n"
+        "vllm serve: error: unrecognized arguments: --max-num-partial-prefills 2\n"
+    )
+    config = parse_command_line("vllm serve m --max-num-partial-prefills 2")
+    finding = by_code(check_config(config, log=log), "removed-flag")
+    assert finding.severity == "error"
+    assert "refused it at startup" in finding.message
+    assert [error.kind for error in log.errors] == ["unrecognized-arguments"]
+
+
+def test_unparsed_startup_line_is_a_finding() -> None:
+    log = parse_startup_log(
+        "INFO 01-30 03:19:14 [gpu_worker.py:1] Available KV cache memory: None GiB\n"
+    )
+    finding = by_code(check_config(parse_command_line("vllm serve m"), log=log),
+                      "log-line-unparsed")
+    assert finding.severity == "warning"
+    assert "Available KV cache memory: None GiB" in finding.message
+    assert "unknown" in finding.message
 
 
 def test_current_flags_are_not_removed() -> None:

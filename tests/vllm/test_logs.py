@@ -12,6 +12,7 @@ from collectors.vllm.logs import ERROR_KINDS, PHASES, StartupLog, parse_startup_
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "vllm_logs"
 REQUIRED_KEYS = {
+    "unparsed",
     "phase",
     "version",
     "weights_gib",
@@ -213,6 +214,7 @@ def test_error_kinds_are_stable() -> None:
         "ptx-toolchain",
         "not-enough-gpu-memory",
         "quantization-mismatch",
+        "unrecognized-arguments",
         "cuda-out-of-memory",
         "engine-core-init-failed",
     )
@@ -435,9 +437,11 @@ def test_nothing_recognised_is_unknown_not_zero() -> None:
     assert log.recognised is False
     assert data["phase"] == "unknown"
     assert data["startup_count"] == 0
-    numeric = [key for key in REQUIRED_KEYS if key not in {"phase", "backends", "errors"}]
+    numeric = [
+        key for key in REQUIRED_KEYS if key not in {"phase", "backends", "errors", "unparsed"}
+    ]
     assert all(data[key] is None for key in numeric)
-    assert (data["backends"], data["errors"]) == ([], [])
+    assert (data["backends"], data["errors"], data["unparsed"]) == ([], [], [])
 
 
 def test_as_dict_is_json_ready_with_the_agreed_keys() -> None:
@@ -478,3 +482,38 @@ def test_every_stored_parse_round_trips() -> None:
     for name in names:
         parsed = parse_fixture(name)
         assert StartupLog.from_dict(json.loads(json.dumps(parsed.as_dict()))) == parsed
+
+
+# --- lines of a known kind whose figures do not parse -------------------------------------------
+
+
+def test_near_miss_is_reported_and_the_figure_stays_unknown() -> None:
+    log = parse_startup_log(
+        "(EngineCore pid=9) INFO 01-30 03:19:14 [gpu_worker.py:1] Available KV cache memory: 6.1 "
+        "GiB\n"
+        "(EngineCore pid=9) INFO 01-30 03:19:15 [gpu_model_runner.py:1] Model loading took nan GiB "
+        "memory and 78.402113 seconds\n"
+    )
+    assert (log.weights_gib, log.weights_load_seconds) == (None, None)
+    assert log.kv_cache_gib == 6.1
+    assert [(line.fact, line.message) for line in log.unparsed] == [
+        ("weights", "Model loading took nan GiB memory and 78.402113 seconds")
+    ]
+    assert StartupLog.from_dict(json.loads(json.dumps(log.as_dict()))) == log
+
+
+def test_unparsed_lines_are_capped() -> None:
+    line = "INFO 01-30 03:19:14 [gpu_worker.py:1] Available KV cache memory: None GiB\n"
+    log = parse_startup_log(line * 50)
+    assert len(log.unparsed) == 10
+    assert log.kv_cache_gib is None
+
+
+def test_a_line_without_the_anchor_is_not_a_near_miss() -> None:
+    log = parse_startup_log(
+        "INFO 01-30 03:19:14 [kv_cache_utils.py:1] Multiplying the GPU KV cache size by the "
+        "dcp_world_size 2.\n"
+        "INFO 01-30 03:19:14 [base.py:1] Using Transformers modeling backend.\n"
+    )
+    assert log.unparsed == []
+    assert log.attention_backend is None
