@@ -320,11 +320,13 @@ def test_squeeze_act_fires_for_the_neighbour_three_runs_in_a_row_on_a_noisy_mach
             assert ledger["headroom_source"] == "budget", ledger
             assert all(share["in_budget"] for share in ledger["engines"]), ledger["engines"]
             # Per-container memory is still read from each container's own cgroup, now below
-            # the budget's: each engine holds at least its scaled weights and pool.
-            for spec, share in zip((GEMMA, NEMOTRON), sorted(ledger["engines"],
-                                                             key=lambda s: s["name"]),
-                                   strict=True):
-                assert share["actual"] >= scale.bytes(spec.weights_gib + spec.kv_gib), share
+            # the budget's: gemma, which ran throughout, holds at least its scaled weights and
+            # pool. (Nemotron was just recreated by the act's revert and may still be loading
+            # its weights when the story ends, more slowly on a busy machine: it is only read.)
+            shares = {share["name"]: share for share in ledger["engines"]}
+            assert shares["gemma"]["actual"] >= scale.bytes(GEMMA.weights_gib + GEMMA.kv_gib), \
+                shares["gemma"]
+            assert shares["nemotron"]["actual"] is not None, shares["nemotron"]
             assert ledger["budget"]["cgroup"] == str(budget.path)
             assert _rule_settings() == before, run
     finally:

@@ -14,7 +14,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line (exit 2 if refused) and run the emulator; return its exit status.
 
     ``--emulator-engine`` picks the engine it speaks: vLLM (the default, `cli` and `app`),
-    llama.cpp's llama-server (`llamacpp`) or Ollama (`ollama`).
+    llama.cpp's llama-server (`llamacpp`), Ollama (`ollama`), SGLang (`sglang`) or
+    TensorRT-LLM's trtllm-serve (`trtllm`).
     """
     try:
         engine, args = engine_of(sys.argv[1:] if argv is None else argv)
@@ -29,6 +30,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import ollama
 
         return ollama.main(args)
+    if engine == "sglang":
+        from . import sglang
+
+        return sglang.main(args)
+    if engine == "trtllm":
+        from . import trtllm
+
+        return trtllm.main(args)
     return run(parse_or_exit(args))
 
 

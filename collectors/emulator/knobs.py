@@ -1,13 +1,18 @@
-"""The ``--emulator-*`` flags of the non-vLLM dialects (llama.cpp, Ollama): sizes, speeds, load.
+"""The ``--emulator-*`` flags of the non-vLLM dialects (llama.cpp, Ollama, SGLang,
+TensorRT-LLM): sizes, speeds, load.
 
 vLLM's dialect reads its own ``--emulator-*`` flags in ``cli`` (unchanged); the other dialects
 take the engine's real command line plus these, with the same meanings and defaults:
 
-  --emulator-engine {vllm,llamacpp,ollama}  which engine to speak (default vllm)
+  --emulator-engine {vllm,llamacpp,ollama,sglang,trtllm}  which engine to speak (default vllm)
   --emulator-weights-bytes N              memory held as weights (64M)
   --emulator-kv-bytes-per-token N         f16 KV bytes per token (16: scaled by 1/1024 like all
                                           memory, so token counts keep their real magnitude)
-  --emulator-activation-bytes-per-token N compute buffer per batched token (1K)
+  --emulator-activation-bytes-per-token N compute buffer per batched token (1K); SGLang and
+                                          TensorRT-LLM: a prefill step's transient buffer
+  --emulator-kv-cap-bytes N               SGLang, TensorRT-LLM: the largest KV pool a memory
+                                          fraction may size (256M)
+  --emulator-graph-bytes N                SGLang: memory held as CUDA graphs (0)
   --emulator-load-seconds S               how long loading the weights takes (1)
   --emulator-prefill-tps R (2000), --emulator-decode-tps R (40 per sequence)
   --emulator-load RPS:PROMPT:GEN          built-in request generator
@@ -30,7 +35,7 @@ from typing import Any
 from .cli import CliError, LoadSpec, _load_spec
 from .units import human_readable_int
 
-ENGINES = ("vllm", "llamacpp", "ollama")
+ENGINES = ("vllm", "llamacpp", "ollama", "sglang", "trtllm")
 
 
 @dataclass(frozen=True)
@@ -47,12 +52,16 @@ class Knobs:
     fail: str = "none"
     version: str | None = None
     router_models: tuple[str, ...] = ("qwen3-8b", "gemma-3-12b")
+    kv_cap_bytes: int = 256 << 20
+    graph_bytes: int = 0
 
 
 _CONVERT: dict[str, tuple[str, Any]] = {
     "--emulator-weights-bytes": ("weights_bytes", human_readable_int),
     "--emulator-kv-bytes-per-token": ("kv_bytes_per_token", human_readable_int),
     "--emulator-activation-bytes-per-token": ("activation_bytes_per_token", human_readable_int),
+    "--emulator-kv-cap-bytes": ("kv_cap_bytes", human_readable_int),
+    "--emulator-graph-bytes": ("graph_bytes", human_readable_int),
     "--emulator-load-seconds": ("load_seconds", float),
     "--emulator-prefill-tps": ("prefill_tps", float),
     "--emulator-decode-tps": ("decode_tps", float),

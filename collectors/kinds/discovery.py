@@ -25,16 +25,20 @@ def word_pattern(*names: str) -> re.Pattern[str]:
 
 
 # Each kind's words, in the order kinds are tried: the program (`vllm`, `llama-server`,
-# `ollama`) and the names images carry (`nvcr.io/nvidia/vllm`, `ghcr.io/ggml-org/llama.cpp`,
-# `ollama/ollama`).
+# `ollama`, `sglang.launch_server`, `trtllm-serve`) and the names images carry
+# (`nvcr.io/nvidia/vllm`, `ghcr.io/ggml-org/llama.cpp`, `ollama/ollama`, `lmsysorg/sglang`,
+# `nvcr.io/nvidia/tensorrt-llm/release`).
 WORDS: dict[str, re.Pattern[str]] = {
     "vllm": word_pattern("vllm"),
     "llamacpp": word_pattern("llama-server", "llama.cpp", "llama-cpp", "llamacpp"),
     "ollama": word_pattern("ollama"),
+    "sglang": word_pattern("sglang"),
+    "trtllm": word_pattern("trtllm-serve", "tensorrt-llm", "tensorrt_llm"),
 }
 KINDS = tuple(WORDS)
 # Label values people write for a kind, besides its own name.
-ALIASES = {"llama.cpp": "llamacpp", "llama-cpp": "llamacpp", "llama-server": "llamacpp"}
+ALIASES = {"llama.cpp": "llamacpp", "llama-cpp": "llamacpp", "llama-server": "llamacpp",
+           "tensorrt-llm": "trtllm", "trtllm-serve": "trtllm", "tensorrt_llm": "trtllm"}
 
 
 def runs(kind: str, words: Sequence[str]) -> bool:

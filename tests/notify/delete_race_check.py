@@ -47,6 +47,8 @@ def main() -> None:
         with connection.cursor() as cursor:
             waited = False
             for _ in range(3000):
+                # Activity is a snapshot kept for the whole transaction unless cleared.
+                cursor.execute("SELECT pg_stat_clear_snapshot()")
                 cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = "
                                "'Lock' AND datname = current_database()")
                 if cursor.fetchone()[0]:

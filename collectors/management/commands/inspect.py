@@ -3,16 +3,18 @@ hand, with the same readers the collector uses (``collectors.kinds``).
 
     manage.py inspect log FILE|-            what the last startup in a container log reported
     manage.py inspect metrics FILE|URL|-    one /metrics snapshot (llama.cpp: its endpoints;
-                                            Ollama: /api/ps)
+                                            Ollama: /api/ps; SGLang: /server_info and
+                                            /metrics; trtllm-serve: /prometheus/metrics or
+                                            /metrics' iteration stats)
     manage.py inspect flags "<command>"     a launch command's settings and findings (or -)
 
-``--engine vllm|llamacpp|ollama`` says which engine wrote the input; without it the kind is
-detected (a command's words as discovery reads them, the log lines or text each kind writes, an
-address's answers to ``/api/version`` and ``/props``), and vLLM is assumed when nothing
-matches. ``--json`` prints one JSON object instead of the readable summary. Secrets in the
-input (API keys, tokens, passwords in URLs) are masked in everything printed. Unusable input (a
-missing file, empty stdin, a log without any line of its engine, a value the engine would
-refuse) exits non-zero with a one-line reason.
+``--engine vllm|llamacpp|ollama|sglang|trtllm`` says which engine wrote the input; without it
+the kind is detected (a command's words as discovery reads them, the log lines or text each kind
+writes, an address's answers to ``/api/version``, ``/props``, ``/server_info`` and
+``/version``), and vLLM is assumed when nothing matches. ``--json`` prints one JSON object
+instead of the readable summary. Secrets in the input (API keys, tokens, passwords in URLs) are
+masked in everything printed. Unusable input (a missing file, empty stdin, a log without any
+line of its engine, a value the engine would refuse) exits non-zero with a one-line reason.
 """
 
 from __future__ import annotations
@@ -119,10 +121,18 @@ def _inspect_log(sources: list[str], stdin: IO[str],
 
 # Ollama before llama.cpp: Ollama's log carries its llama-server children's lines too.
 _LOG_DETECTION_ORDER = ("ollama", "llamacpp")
+_DISTINCT_LOGS = ("sglang", "trtllm")
 
 
 def _log_kind(text: str) -> str:
-    """The kind whose startup a log shows: vLLM's first, then each other kind's parser."""
+    """The kind whose startup a log shows: SGLang's and trtllm-serve's (whose own lines are
+    distinctive, though their logs carry uvicorn's lines as vLLM's does), then vLLM's, then
+    each other kind's parser."""
+    for kind in _DISTINCT_LOGS:
+        parser = READERS[kind].new_log_parser()
+        parser.feed(text)
+        if parser.result().recognised:
+            return kind
     if parse_startup_log(text).recognised:
         return "vllm"
     for kind in _LOG_DETECTION_ORDER:
@@ -294,7 +304,10 @@ def _kind_flags(kind: str, words: list[str]) -> tuple[dict[str, Any], list[str]]
     data = {"kind": kind, **launch.config, "findings": findings}
     shown = ("model", "served_model_name", "port", "ctx_size", "parallel", "n_gpu_layers",
              "cache_type_k", "cache_type_v", "ubatch_size", "max_num_batched_tokens",
-             "metrics_endpoint", "slots_endpoint", "keep_alive", "context_length")
+             "metrics_endpoint", "slots_endpoint", "keep_alive", "context_length",
+             "mem_fraction_static", "max_running_requests", "chunked_prefill_size",
+             "max_batch_size", "max_num_tokens", "kv_cache_free_gpu_memory_fraction",
+             "extra_llm_api_options")
     rows = [("engine", reader.title)]
     rows += [(key.replace("_", " "), _setting(launch.config[key]).replace("vLLM", reader.title))
              for key in shown if key in launch.config]
@@ -345,14 +358,21 @@ def _inspect_metrics(sources: list[str], stdin: IO[str],
 
 
 def _text_kind(text: str) -> str:
-    """The kind whose dump ``text`` is: llama.cpp's ``/metrics``, Ollama's ``/api/ps`` JSON,
-    else vLLM's exposition."""
-    if "llamacpp:" in text:
-        return "llamacpp"
+    """The kind whose dump ``text`` is: llama.cpp's, SGLang's or trtllm-serve's exposition,
+    Ollama's ``/api/ps`` JSON, SGLang's ``/server_info``, trtllm-serve's iteration stats, else
+    vLLM's exposition."""
+    for prefix, kind in (("llamacpp:", "llamacpp"), ("sglang:", "sglang"),
+                         ("trtllm_", "trtllm")):
+        if prefix in text:
+            return kind
     try:
         data = json.loads(text)
     except ValueError:
         return "vllm"
+    if isinstance(data, list):
+        return "trtllm"
+    if isinstance(data, dict) and "max_total_num_tokens" in data:
+        return "sglang"
     return "ollama" if isinstance(data, dict) and "models" in data else "vllm"
 
 
@@ -364,7 +384,10 @@ def _url_kind(url: str) -> str:
 
     base = _base_url(url)
     for kind, path, key in (("ollama", "/api/version", "version"),
-                            ("llamacpp", "/props", "total_slots")):
+                            ("llamacpp", "/props", "total_slots"),
+                            ("sglang", "/server_info", "max_total_num_tokens"),
+                            ("sglang", "/get_server_info", "max_total_num_tokens"),
+                            ("trtllm", "/version", "version")):
         try:
             _, data = get_json(base, path, Clock(1.0))
         except ScrapeError:
@@ -375,7 +398,8 @@ def _url_kind(url: str) -> str:
 
 
 def _base_url(url: str) -> str:
-    for suffix in ("/metrics", "/api/ps", "/api/version", "/props", "/slots"):
+    for suffix in ("/prometheus/metrics", "/metrics", "/api/ps", "/api/version", "/props",
+                   "/slots", "/server_info", "/get_server_info", "/version"):
         if url.rstrip("/").endswith(suffix):
             return url.rstrip("/")[: -len(suffix)]
     return url.rstrip("/")
@@ -388,7 +412,10 @@ def _kind_metrics(kind: str, url: str | None, text: str | None
     from collectors.kinds.ollama import loaded_models
 
     reader = reader_for(kind)
-    if url is not None:
+    if url is None and kind in ("sglang", "trtllm"):
+        data = {"kind": kind, **_pooled_dump(kind, text or ""),
+                "unknown": dict(reader.never_reported)}
+    elif url is not None:
         reading = reader.read(_base_url(url), deadline=5.0)
         data = {"kind": kind, "snapshot": reading.snapshot.as_dict(), "details": reading.details,
                 "unknown": {**reader.never_reported, **reading.unknown}}
@@ -418,6 +445,26 @@ def _kind_metrics(kind: str, url: str | None, text: str | None
     rows += [(f"{part.replace('_', ' ')}", f"unknown — {why}")
              for part, why in data["unknown"].items()]
     return data, _table(rows)
+
+
+def _pooled_dump(kind: str, text: str) -> dict[str, Any]:
+    """One saved SGLang or trtllm-serve answer: an exposition, SGLang's ``/server_info`` or
+    trtllm-serve's iteration stats."""
+    from collectors.kinds import sglang, trtllm
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if kind == "sglang":
+        if data is not None:
+            return {"server_info": sglang.server_info(data)}
+        snapshot, details = sglang.parse_metrics(text)
+    elif data is not None:
+        snapshot, details = trtllm.parse_iteration_stats(data)
+    else:
+        snapshot, details = trtllm.parse_prometheus(text)
+    return {"snapshot": snapshot.as_dict(), "details": details}
 
 
 def _metric_text(key: str, value: object) -> str:
