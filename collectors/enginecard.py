@@ -4,6 +4,9 @@ Every figure is None when unknown, never 0; the ``*_text`` fields write them for
 (``sparkops.units``), the numbers stay numbers. A figure the engine's kind cannot report at all
 reads "unknown — <why>" (``unknown``: the part's reason, from the kind's reader,
 ``collectors.kinds.registry``), so "not reported by Ollama" is never mistaken for "not read yet".
+The phase is also written in words (``phase_text``: "sleeping (level 1)" for a vLLM engine
+asleep), and speculative decoding is summed up by ``collectors.vllm.specdecode`` ("not
+speculative" for an engine without it, never 0 %).
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from typing import Any
 from collectors.kinds.registry import reader_for
 from collectors.models import Engine
 from collectors.redaction import mask_text
+from collectors.vllm.logs import FACT_WORDS, PHASE_WORDS, SLEEPING_PHASES
+from collectors.vllm.sleep import held_while_asleep
+from collectors.vllm.specdecode import spec_decode_summary
 from sparkops.units import UNKNOWN, gib, gib_text, tps_text
 
 __all__ = ["engine_card"]
@@ -43,6 +49,7 @@ def engine_card(engine: Engine) -> dict:
         "model": _first(config.get("served_model_name"), config.get("model"),
                         snapshot.get("model_name")),
         "phase": engine.phase,
+        "phase_text": PHASE_WORDS.get(engine.phase, engine.phase),
         "container_state": engine.container_state,
         "present": engine.present,
         "version": _first(startup.get("version"), (details.get("props") or {}).get("build_info"),
@@ -76,6 +83,10 @@ def engine_card(engine: Engine) -> dict:
         # vLLM startup lines of a known kind whose figures did not parse (why one is unknown);
         # also shown as the "log-line-unparsed" finding.
         "startup_unparsed": list(startup.get("unparsed") or []),
+        "sleep_text": _sleep_text(engine),
+        # Speculative decoding over the last interval, or "not speculative".
+        "spec_decode": spec_decode_summary(config, snapshot, rates)
+        if engine.kind == "vllm" else None,
     }
     return _with_texts(card)
 
@@ -95,7 +106,41 @@ def _with_texts(card: dict) -> dict:
     card["ttft_text"] = _or_why(UNKNOWN if card["ttft_p95_s"] is None
                                 else f"{card['ttft_p95_s']} s", why.get("ttft"))
     card["requests_unknown"] = why.get("requests")
+    card["startup_unparsed_text"] = _unparsed_text(card)
     return card
+
+
+def _sleep_text(engine: Engine) -> str | None:
+    """A vLLM engine asleep, in words: its phase, what it still holds and gave back, and what
+    vLLM itself measured as freed (its log's "Sleep mode freed … GiB"); None when awake."""
+    if engine.phase not in SLEEPING_PHASES:
+        return None
+    startup = engine.startup or {}
+    held = held_while_asleep(engine.phase, None, None, engine.config or {},
+                             startup.get("version"))
+    parts = [PHASE_WORDS[engine.phase]]
+    if held is not None:
+        parts += [note if note.startswith(_PART_WORDS[part]) else f"{_PART_WORDS[part]}: {note}"
+                  for part, note in held.notes.items()]
+    if startup.get("asleep") and startup.get("sleep_freed_gib") is not None:
+        parts.append(f"vLLM logged {startup['sleep_freed_gib']} GiB freed as it fell asleep")
+    return "; ".join(parts)
+
+
+_PART_WORDS = {"weights": "weights", "kv_pool": "KV pool", "actual": "what its process"}
+
+
+def _unparsed_text(card: dict) -> str | None:
+    """The startup lines of a known kind whose figures did not parse, in words."""
+    lines = card["startup_unparsed"]
+    if not lines:
+        return None
+    told = "; ".join(
+        f"“{line.get('message', '')}” ({FACT_WORDS.get(line.get('fact'), line.get('fact'))} "
+        "left unknown)" for line in lines)
+    count = len(lines)
+    return (f"{card['kind_title']} printed {count} startup line{'' if count == 1 else 's'} "
+            f"SparkOps recognised but could not read: {told}")
 
 
 def _or_why(text: str, reason: str | None) -> str:

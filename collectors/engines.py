@@ -4,8 +4,11 @@ One call of :func:`collect_engines` lists the engine containers through the cont
 reads their launch flags, startup logs and bind mounts, reads their endpoints (``/metrics`` for
 vLLM; each kind's own, in parallel, each read with a total deadline), computes rates against the
 previous read, and stores every engine in one transaction: a failed read commits no samples,
-only the reason. What is read of each part, and how, is the engine kind's reader
-(``collectors.kinds``, chosen by the kind discovery found); the flow here is the same for all.
+only the reason. A model router (llama-swap) is one engine, and each model it is configured
+with is adopted as an engine of its own (``<router>/<model>``, :func:`_adopt_models`), holding
+the memory of its own processes (``collectors.adoption``). What is read of each part, and
+how, is the engine kind's reader (``collectors.kinds``, chosen by the kind discovery found);
+the flow here is the same for all.
 
 Cost: a few queries per collection whatever the number of engines (the node's engines are read
 once, samples and events written in bulk), and of an engine's row only the fields that changed
@@ -19,7 +22,7 @@ import os
 import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ from typing import Any
 import docker
 from django.db import transaction
 
+from collectors.adoption import Holdings, ModelProcess, attribute
 from collectors.docker_api import (
     ContainerEngineError,
     EngineContainer,
@@ -36,7 +40,14 @@ from collectors.docker_api import (
     read_logs,
 )
 from collectors.kinds.base import KindReader, Launch, LaunchError, Reading, StartupParser
-from collectors.kinds.registry import reader_for
+from collectors.kinds.llamaswap import (
+    UNLOADED,
+    AdoptedModel,
+    RouterReading,
+    cmd_words,
+    ttl_words,
+)
+from collectors.kinds.registry import READERS, reader_for
 from collectors.modelconfig import activation_bytes_per_token, read_container_model_config
 from collectors.models import Engine, EngineMetric, EngineSample, Event, Node
 from collectors.nvml import GpuReport, processes_by_container
@@ -46,6 +57,7 @@ from collectors.vllm.findings import MountCheck
 from collectors.vllm.metrics import MetricsSnapshot
 from collectors.vllm.rates import Observation, Rates, compute_rates
 from collectors.vllm.scrape import ScrapeError
+from collectors.vllm.sleep import phase_with_sleep
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +113,22 @@ def collect_engines(
     present, samples, events = [], [], []
     for container in containers:
         config, config_error = configs[container.id]
+        outcome = outcomes.get(container.id)
+        holdings = _router_holdings(container, outcome, proc_root) \
+            if container.kind == "llamaswap" else None
+        gpu_memory = gpu_by_container.get(container.id)
+        if holdings is not None:
+            gpu_memory = _gpu_by_holder(gpu, holdings, proc_root).get("") if gpu else None
+            container = replace(container, memory_usage_bytes=holdings.router_bytes)
         seen = _Seen(container, readers[container.id], config, config_error, urls[container.id],
-                     outcomes.get(container.id), gpu_by_container.get(container.id))
+                     outcome, gpu_memory)
         engine, changed = _update_engine(node, api, known.get(container.name), seen, now,
                                          proc_root, samples, events)
         present.append((engine, changed))
+        if container.kind == "llamaswap":
+            present += _adopt_models(node, container, urls[container.id], outcome, holdings,
+                                     _gpu_by_holder(gpu, holdings, proc_root) if gpu and holdings
+                                     else {}, known, now, samples, events)
     with transaction.atomic():
         for engine, changed in present:
             if changed:
@@ -208,7 +231,11 @@ def _update_engine(node: Node, api: docker.DockerClient, engine: Engine | None, 
     same_kind = engine.kind == container.kind
     known_startup = startup or (reader.startup_from_dict(engine.startup)
                                 if engine.startup and same_kind else None)
-    phase = _phase(container, startup, engine.phase)
+    reading = seen.outcome.reading if seen.outcome is not None else None
+    phase = phase_with_sleep(_phase(container, startup, engine.phase),
+                             reading.snapshot if reading is not None else None, engine.phase)
+    if isinstance(reading, RouterReading) and container.running:
+        phase = "ready"  # a router logs no startup phases: it serves once it answers
     if phase != engine.phase and not created:
         events.append(_event(engine, now, "phase-change", "info",
                              f"{container.name}: {engine.phase} → {phase}"))
@@ -440,6 +467,7 @@ _RATE_METRICS = {
     "itl_p95_s": EngineMetric.ITL_P95,
     "prefix_cache_hit_rate": EngineMetric.PREFIX_CACHE_HIT_RATE,
     "spec_decode_acceptance_rate": EngineMetric.SPEC_ACCEPTANCE,
+    "spec_decode_mean_acceptance_length": EngineMetric.SPEC_TOKENS_PER_STEP,
     "preemptions_per_s": EngineMetric.PREEMPTIONS_PER_S,
 }
 _GAUGE_METRICS = {
@@ -520,3 +548,161 @@ def _mark_gone(node: Node, known: Iterable[Engine], present_ids: set[int], now: 
 def _event(engine: Engine, at: datetime, kind: str, severity: str, message: str) -> Event:
     return Event(node=engine.node, engine=engine, at=at, kind=kind, severity=severity,
                  message=message)
+
+
+# --- models adopted from a router ---------------------------------------------------------------
+
+# A router's model process state (llama-swap's) -> the adopted engine's phase.
+_ADOPTED_PHASES = {"starting": "loading", "ready": "ready", "stopping": "stopping",
+                   UNLOADED: UNLOADED}
+_ADOPTED_UNKNOWN = {
+    "weights": "a model run by llama-swap logs into the router's log, interleaved with the "
+               "router's own lines and its other models'; SparkOps does not read it",
+    "cuda_graphs": "a model run by llama-swap logs into the router's log; not read",
+}
+
+
+def _router_holdings(container: EngineContainer, outcome: ScrapeOutcome | None,
+                     proc_root: Path) -> Holdings | None:
+    """The router's and its running models' own memory, from the container's process tree;
+    None when the router was not read (stopped, or its read failed): then what is running in
+    it is not known, and the router's memory is not split."""
+    reading = outcome.reading if outcome is not None else None
+    if not isinstance(reading, RouterReading) or not container.running:
+        return None
+    running = [ModelProcess(m.name, tuple(cmd_words(m.cmd or ""))) for m in reading.models
+               if m.running]
+    return attribute(container.pid, running, proc_root)
+
+
+def _gpu_by_holder(gpu: GpuReport, holdings: Holdings, proc_root: Path) -> dict[str, int | None]:
+    """NVML's per-process GPU memory, summed by holder (the router: ""; else the model)."""
+    owner = {pid: name for name, pids in holdings.pids.items() for pid in pids}
+    grouped = processes_by_container(gpu, owner)
+    return {name: use.used_gpu_memory_bytes for name, use in grouped.items() if name is not None}
+
+
+def _adopt_models(node: Node, router: EngineContainer, url: str | None,
+                  outcome: ScrapeOutcome | None, holdings: Holdings | None,
+                  gpu_by_model: dict[str, int | None], known: dict[str, Engine], now: datetime,
+                  samples: list[EngineSample], events: list[Event]
+                  ) -> list[tuple[Engine, list[str]]]:
+    """Each configured model of ``router`` as an engine row of its own.
+
+    While the router's read fails, its models keep their last known state (they are not gone:
+    the router's own row says why it is not read); once its container stops, every model is
+    unloaded (its processes went with it).
+    """
+    prefix = f"{router.name}/"
+    stored = {name[len(prefix):]: engine for name, engine in known.items()
+              if name.startswith(prefix) and (engine.config or {}).get("router") == router.name}
+    reading = outcome.reading if outcome is not None else None
+    if isinstance(reading, RouterReading):
+        models = list(reading.models)
+    elif router.running and outcome is not None:
+        return [(engine, []) for engine in stored.values() if engine.present]
+    else:
+        models = [AdoptedModel(name=name, state=UNLOADED, listed=True) for name in stored]
+    return [_adopt_one(node, router, url, model, holdings, gpu_by_model, stored.get(model.name),
+                       now, samples, events) for model in models]
+
+
+def _adopt_one(node: Node, router: EngineContainer, url: str | None, model: AdoptedModel,
+               holdings: Holdings | None, gpu_by_model: dict[str, int | None],
+               engine: Engine | None, now: datetime, samples: list[EngineSample],
+               events: list[Event]) -> tuple[Engine, list[str]]:
+    """Fold one model of a router into its engine row (created when new)."""
+    name = f"{router.name}/{model.name}"
+    created = engine is None
+    if engine is None:
+        engine, created = Engine.objects.get_or_create(
+            node=node, name=name,
+            defaults={"container_id": router.id, "container_state": router.state,
+                      "started_at": router.started_at, "first_seen": now})
+    before = {field_name: getattr(engine, field_name) for field_name in _COLLECTED_FIELDS}
+    if created:
+        events.append(_event(engine, now, "engine-discovered", "info",
+                             f"Model {model.name} of router {router.name} adopted as engine "
+                             f"{name} ({model.state})."))
+    elif not engine.present:
+        events.append(_event(engine, now, "engine-discovered", "info", f"Engine {name} is back."))
+    phase = _ADOPTED_PHASES.get(model.state, model.state) if router.running else UNLOADED
+    if phase != engine.phase and not created:
+        events.append(_event(engine, now, "phase-change", "info",
+                             f"{name}: {engine.phase} → {phase}"))
+    previous = engine.config or {}
+    kind = model.kind or (engine.kind if not created else "unknown")
+    reader = READERS.get(kind)
+    launch, launch_error = None, ""
+    if model.cmd and reader is not None:
+        try:
+            launch = reader.parse_launch(mask_command(cmd_words(model.cmd)), {})
+        except LaunchError as error:
+            launch_error = str(error)
+    ttl = model.ttl if model.ttl is not None else previous.get("ttl_seconds")
+    launch_config = launch.config if launch else ({} if model.cmd else {
+        key: value for key, value in previous.items() if key not in _ADOPTION_KEYS})
+    engine.config = {**launch_config, "router": router.name, "router_model": model.name,
+                     "ttl_seconds": ttl, "ttl_words": ttl_words(ttl),
+                     "proxy": model.proxy or previous.get("proxy")}
+    engine.config_error = launch_error
+    engine.kind = kind
+    engine.container_id = router.id
+    engine.image = router.image
+    engine.container_state = router.state
+    engine.phase = phase
+    engine.started_at = router.started_at
+    engine.restart_count = router.restart_count
+    engine.exit_code = router.exit_code
+    if model.cmd:
+        engine.command = mask_command(cmd_words(model.cmd))
+    # The router's labels and environment are the router's: a model never inherits
+    # sparkops.manage (restarting it would restart the router and every other model).
+    engine.labels, engine.env = {}, {}
+    engine.findings = reader.findings(launch, None, []) if reader and launch else []
+    engine.metrics_url = f"{url}/upstream/{model.name}" if url else ""
+    running = phase != UNLOADED
+    memory_reason = ""
+    if not running:
+        engine.memory_usage_bytes, engine.gpu_memory_bytes = 0, None
+    elif holdings is None:
+        engine.memory_usage_bytes, engine.gpu_memory_bytes = None, None
+        memory_reason = "the router's processes were not read"
+    else:
+        engine.memory_usage_bytes = holdings.model_bytes.get(model.name)
+        engine.gpu_memory_bytes = gpu_by_model.get(model.name)
+        memory_reason = holdings.reasons.get(model.name, "")
+    engine.present = True
+    engine.last_seen = now
+    samples += _container_samples(engine, now)
+    pids = sorted(holdings.pids.get(model.name, ())) if holdings else []
+    identity = f"{_identity(router.id, router.started_at)}/{model.name}@{pids[:1]}"
+    if model.reading is not None or model.read_error:
+        events += _apply_scrape(engine, reader or reader_for(kind),
+                                ScrapeOutcome(reading=model.reading, error=model.read_error),
+                                identity, now, samples)
+    else:
+        engine.last_scrape_error = ""
+        engine.metrics, engine.rates = {"details": {}, "unknown": {}}, {}
+    unknown = {**_ADOPTED_UNKNOWN, **model.unknown}
+    if not running:
+        unknown["rates"] = (f"not loaded: llama-swap has not started it or stopped it "
+                            f"({ttl_words(ttl)}); it loads on the next request for it")
+    if memory_reason:
+        unknown["memory"] = memory_reason
+    metrics = dict(engine.metrics or {})
+    metrics["details"] = {**(metrics.get("details") or {}),
+                          "router": router.name, "router_state": model.state,
+                          "listed": model.listed, "ttl_words": ttl_words(ttl),
+                          "state": f"{model.state} in llama-swap {router.name}; "
+                                   f"{ttl_words(ttl)}"}
+    metrics["unknown"] = {**(metrics.get("unknown") or {}), **unknown}
+    engine.metrics = metrics
+    changed = [field_name for field_name, value in before.items()
+               if getattr(engine, field_name) != value
+               or type(getattr(engine, field_name)) is not type(value)]
+    return engine, changed
+
+
+# What adoption adds to a model's launch settings (kept apart from the kind's own).
+_ADOPTION_KEYS = {"router", "router_model", "ttl_seconds", "ttl_words", "proxy"}

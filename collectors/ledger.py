@@ -2,7 +2,9 @@
 
 Built after every host-memory collection from what each engine reports about itself (startup
 log, ``cache_config_info``, flags), the page cache, every other process by name, and the
-headroom (MemAvailable with the interval's minimum). A figure nobody reported stays None.
+headroom (MemAvailable with the interval's minimum). A figure nobody reported stays None. A
+vLLM engine asleep (sleep mode) is counted for what it still holds, each part with the reason
+(:attr:`EngineShare.notes`, from ``collectors.vllm.sleep``).
 
 When the engines are confined to a memory budget (a memory cgroup,
 ``SPARKOPS_MEMORY_BUDGET_CGROUP``), the room a prefill can really get is the smaller of the
@@ -13,7 +15,10 @@ that room, so only the parts of engines inside it are causes (:func:`budget_comp
 prefill dips are read from the budget's room, which other programs' memory does not move.
 
 Components whose size moves by more than the node's change threshold are recorded as
-:class:`LedgerChange` rows: the causes an alert can name.
+:class:`LedgerChange` rows: the causes an alert can name. They are each engine's KV pool and
+non-KV memory, and, for an engine that loads whole models on demand and reports no KV pool
+(Ollama), its loaded models (a model loaded or unloaded moves it), the page cache and every
+other process by name.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from collectors.procfs import (
     container_ids_for_pids,
     in_memory_cgroup,
 )
+from collectors.vllm.sleep import held_while_asleep
 from sparkops.units import GIB
 
 # On GB10 (compute capability 12.1) vLLM 0.33 keeps the small scheduler tier of
@@ -58,6 +64,17 @@ class EngineShare:
     prefill_need: int | None
     prefill_need_source: str | None  # "observed" or "estimate"
     in_budget: bool | None = None  # runs inside the node's memory budget (None: no budget)
+    # What an engine that loads whole models on demand (Ollama) holds in them: each loaded
+    # model's whole size (weights, KV cache and compute graph together) summed, 0 with none
+    # loaded or the container stopped; None for a kind that reports no such sizes, or when
+    # its last read failed (the sizes it holds now are not known).
+    loaded_models: int | None = None
+    loaded_model_names: list[str] = field(default_factory=list)
+    # A vLLM engine asleep (its phase, e.g. "sleeping_level_1"; None when awake) holds less than
+    # it reported at startup: ``weights`` and ``kv_pool`` are what it still holds
+    # (collectors.vllm.sleep), and ``notes`` says why for each part (part -> words).
+    sleeping: str | None = None
+    notes: dict[str, str] = field(default_factory=dict)
 
     @property
     def reserved(self) -> int | None:
@@ -137,9 +154,15 @@ class Ledger:
         return data
 
 
+# The parts of an engine that are ledger components (``engine:<id>:<part>``): what can move
+# and be named as an alert's cause.
+ENGINE_COMPONENTS = ("kv_pool", "non_kv", "loaded_models")
+
+
 def budget_components(ledger: dict) -> set[str] | None:
     """The ledger components that can have taken the headroom, when the memory budget bounds
-    it: the KV pools and non-KV memory of the engines running inside the budget (the host's
+    it: the KV pools, non-KV memory and loaded models of the engines running inside the budget
+    (the host's
     page cache and processes outside the engines' containers take none of the budget's room;
     processes are counted by name across the host, so none of them is named). None when the
     budget does not bound the headroom: then every component counts."""
@@ -147,7 +170,8 @@ def budget_components(ledger: dict) -> set[str] | None:
         return None
     return {f"engine:{share['engine_id']}:{part}"
             for share in ledger.get("engines", []) if share.get("in_budget")
-            for part in ("kv_pool", "non_kv")}
+            for part in ENGINE_COMPONENTS
+            if part != "loaded_models" or share.get("loaded_models") is not None}
 
 
 def _gib_to_bytes(value: float | None) -> int | None:
@@ -186,10 +210,16 @@ def engine_share(engine: Engine, in_budget: bool | None = None) -> EngineShare:
             need, source = observed, "observed"
         else:
             need, source = estimate, "estimate"
+    loaded, names = loaded_models(engine)
+    weights = _gib_to_bytes(startup.get("weights_gib"))
+    asleep = held_while_asleep(engine.phase, weights, kv_pool, engine.config or {},
+                               startup.get("version"))
+    if asleep is not None:
+        weights, kv_pool = asleep.weights, asleep.kv_pool
     return EngineShare(
         engine_id=engine.pk,
         name=engine.name,
-        weights=_gib_to_bytes(startup.get("weights_gib")),
+        weights=weights,
         kv_pool=kv_pool,
         cuda_graphs=cuda_graphs,
         actual=max(actual_candidates) if actual_candidates else None,
@@ -198,7 +228,29 @@ def engine_share(engine: Engine, in_budget: bool | None = None) -> EngineShare:
         prefill_need=need,
         prefill_need_source=source,
         in_budget=in_budget,
+        loaded_models=loaded,
+        loaded_model_names=names,
+        sleeping=engine.phase if asleep is not None else None,
+        notes=dict(asleep.notes) if asleep is not None else {},
     )
+
+
+def loaded_models(engine: Engine) -> tuple[int | None, list[str]]:
+    """``(bytes, names)`` of the whole models an engine that loads them on demand holds now
+    (Ollama's ``/api/ps``, stored by its reader as ``metrics["details"]``: ``size_bytes``, the
+    sum of every loaded model's ``size``, and ``models``). ``(None, [])`` for a kind that
+    reports no such sizes and while the last read failed (what it held then may have been
+    unloaded since); ``(0, [])`` once its container stopped, which frees them all."""
+    details = (engine.metrics or {}).get("details") or {}
+    size = details.get("size_bytes")
+    if not isinstance(size, int) or not isinstance(details.get("models"), list):
+        return None, []
+    if engine.container_state != "running":
+        return 0, []
+    if engine.last_scrape_error:
+        return None, []
+    return size, [str(model.get("name")) for model in details["models"]
+                  if isinstance(model, dict) and model.get("name")]
 
 
 def build_ledger(node: Node, now: datetime, figures: dict[str, Any],
@@ -241,6 +293,10 @@ def _components(ledger: Ledger) -> dict[str, tuple[int | None, int | None, str]]
                                                       f"{share.name}'s KV pool")
         parts[f"engine:{share.engine_id}:non_kv"] = (share.non_kv, share.engine_id,
                                                      f"{share.name}'s non-KV memory")
+        if share.loaded_models is not None:
+            held = ", ".join(share.loaded_model_names) or "none loaded"
+            parts[f"engine:{share.engine_id}:loaded_models"] = (
+                share.loaded_models, share.engine_id, f"{share.name}'s loaded models ({held})")
     for process in ledger.processes:
         parts[f"process:{process['name']}"] = (process["rss_bytes"], None,
                                                f"process {process['name']}")
@@ -259,7 +315,7 @@ def record_changes(node: Node, ledger: Ledger, now: datetime) -> list[LedgerChan
         before = baseline.get(key)
         if before is None:
             baseline[key] = size
-            if key.endswith(":kv_pool") or key.endswith(":non_kv"):
+            if key.startswith("engine:") and key.rsplit(":", 1)[1] in ENGINE_COMPONENTS:
                 # A new engine's pool appearing is itself a change: the room it took. "Before"
                 # is unknown (NULL): it did not exist.
                 changes.append(LedgerChange(node=node, engine_id=engine_id, component=key,

@@ -197,7 +197,11 @@ class Engine(models.Model):
 
     @property
     def manageable(self) -> bool:
-        """May SparkOps stop and start it? An admin's setting, or ``sparkops.manage=true``."""
+        """May SparkOps stop and start it? An admin's setting, or ``sparkops.manage=true``.
+        Never a model adopted from a router (llama-swap): its container is the router's, and
+        restarting it would restart the router and every other model it runs."""
+        if (self.config or {}).get("router"):
+            return False
         return self.managed or (self.labels or {}).get(MANAGE_LABEL, "").lower() == "true"
 
 
@@ -218,6 +222,9 @@ class EngineMetric(models.IntegerChoices):
     PREEMPTIONS_PER_S = 12, "Preemptions/s"
     CONTAINER_MEMORY = 13, "Container memory (cgroup)"
     GPU_MEMORY = 14, "GPU memory (NVML)"
+    # Speculative decoding: tokens one step of a request yields, 1 + accepted / drafts (vLLM's
+    # "mean acceptance length"); its acceptance rate is SPEC_ACCEPTANCE.
+    SPEC_TOKENS_PER_STEP = 15, "Speculative tokens per step"
 
 
 class EngineSample(models.Model):

@@ -196,6 +196,62 @@ def container_cgroups(pid: int, container_id: str, proc_root: Path = Path("/proc
     return paths or None
 
 
+# --- a process tree: what each process under a container's first process runs and holds -------
+
+@dataclass(frozen=True)
+class TreeProcess:
+    """One process below a given root: its parent, its command line (the words of
+    ``/proc/<pid>/cmdline``) and its resident memory (``VmRSS`` of ``/proc/<pid>/status``;
+    None for a process without one, a zombie or a kernel thread)."""
+
+    pid: int
+    ppid: int
+    command: tuple[str, ...]
+    rss_bytes: int | None
+
+
+def process_tree(root_pid: int, proc_root: Path = Path("/proc")) -> dict[int, TreeProcess]:
+    """``root_pid`` and every process descended from it, by PID (empty when it has exited).
+
+    Cost: one pass over ``/proc`` reading each process's ``stat`` (for its parent), then the
+    ``cmdline`` and ``status`` of the tree's members only. Processes that exit meanwhile are
+    left out.
+    """
+    parents: dict[int, int] = {}
+    try:
+        entries = [entry for entry in os.listdir(proc_root) if entry.isdigit()]
+    except OSError:
+        return {}
+    for entry in entries:
+        try:
+            stat = (proc_root / entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        if len(fields) > 1 and fields[1].isdigit():
+            parents[int(entry)] = int(fields[1])
+    members = {root_pid} if root_pid in parents else set()
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in members and pid not in members:
+                members.add(pid)
+                grew = True
+    tree = {}
+    for pid in members:
+        try:
+            raw = (proc_root / str(pid) / "cmdline").read_bytes()
+            status = (proc_root / str(pid) / "status").read_text()
+        except OSError:
+            continue
+        command = tuple(word.decode("utf-8", "replace") for word in raw.split(b"\0") if word)
+        rss = next((int(line.split()[1]) * 1024 for line in status.splitlines()
+                    if line.startswith("VmRSS:") and line.split()[1].isdigit()), None)
+        tree[pid] = TreeProcess(pid=pid, ppid=parents[pid], command=command, rss_bytes=rss)
+    return tree
+
+
 # --- a memory budget: one memory cgroup's limit and what it holds -----------------------------
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")

@@ -49,20 +49,29 @@ ENGINE_SERIES = [
     ("kv_usage", EngineMetric.KV_CACHE_USAGE, "KV cache usage", "fraction"),
     ("running", EngineMetric.REQUESTS_RUNNING, "Running", "requests"),
     ("waiting", EngineMetric.REQUESTS_WAITING, "Waiting", "requests"),
+    # Speculative decoding; drawn only for an engine that decodes speculatively.
+    ("spec_acceptance", EngineMetric.SPEC_ACCEPTANCE, "Draft acceptance", "fraction"),
+    ("spec_tokens_per_step", EngineMetric.SPEC_TOKENS_PER_STEP, "Tokens per step", "tokens"),
 ]
+SPEC_SERIES = {"spec_acceptance", "spec_tokens_per_step"}
 
 
 def engine_series(engine: Engine, range_key: str, now: datetime, max_points: int,
                   interval: float) -> dict:
-    """The engine page's series over ``range_key``; a failed scrape is simply absent (a gap)."""
+    """The engine page's series over ``range_key``; a failed scrape is simply absent (a gap).
+    ``speculative`` says whether the engine decodes speculatively: then its acceptance rate and
+    tokens per step are drawn, otherwise they are left out (never drawn as 0)."""
     span = RANGES[range_key]
     start = now - span
     resolution = resolution_for(span, interval)
     step = gap_step_seconds(span, max_points, interval, resolution)
     series = []
-    found = engine_points([engine], [spec[1] for spec in ENGINE_SERIES], start, None,
+    summary = engine_card(engine)["spec_decode"]
+    speculative = bool(summary and summary["speculative"])
+    specs = [spec for spec in ENGINE_SERIES if speculative or spec[0] not in SPEC_SERIES]
+    found = engine_points([engine], [spec[1] for spec in specs], start, None,
                           resolution, chart_bucket_seconds(span, max_points))
-    for key, metric, label, unit in ENGINE_SERIES:
+    for key, metric, label, unit in specs:
         points = found[engine.pk, metric]
         reduced = break_long_gaps(downsample(points, max_points) if points else [], step)
         series.append({"key": key, "label": label, "unit": unit,
@@ -76,6 +85,7 @@ def engine_series(engine: Engine, range_key: str, now: datetime, max_points: int
         "end": now.isoformat(),
         "source": source_label(resolution),
         "max_num_seqs": (engine.config or {}).get("max_num_seqs"),
+        "speculative": speculative,
         "series": series,
         "events": [{"at": e.at.isoformat(), "kind": e.kind, "message": e.message}
                    for e in events],
@@ -121,6 +131,12 @@ def humanise_ledger(ledger: dict | None) -> dict | None:
     for row in ledger["engines"]:
         for key in ("weights", "kv", "graphs", "actual"):
             row[f"{key}_text"] = gib_text(row.get(f"{key}_gib"))
+        # An engine asleep: each part it reports differently says why (collectors.vllm.sleep).
+        for key, part in (("weights", "weights"), ("kv", "kv_pool"), ("actual", "actual")):
+            note = (row.get("notes") or {}).get(part)
+            if note:
+                row[f"{key}_text"] = note if note.startswith(UNKNOWN) \
+                    else f"{row[f'{key}_text']} — {note}"
         for key in ("estimate", "observed", "need"):
             row[f"{key}_text"] = size_text(row.get(f"{key}_bytes"))
         if row.get("observed_bytes") is None:

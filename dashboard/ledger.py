@@ -77,7 +77,9 @@ def ledger_bar(node: Node) -> dict | None:
              "need_source": s["prefill_need_source"],
              # Bytes too: a prefill buffer can be a few MiB, which two decimals of GiB show as 0.
              "estimate_bytes": s["prefill_estimate"], "observed_bytes": s["prefill_observed"],
-             "need_bytes": s["prefill_need"]}
+             "need_bytes": s["prefill_need"],
+             # Why a part of an engine asleep reads as it does (collectors.vllm.sleep).
+             "sleeping": s.get("sleeping"), "notes": s.get("notes") or {}}
             for s in ledger.get("engines", [])
         ],
         "processes": [{"name": p["name"], "gib": _gib(p["rss_bytes"]), "count": p["count"]}
@@ -89,9 +91,12 @@ def ledger_bar(node: Node) -> dict | None:
 def _engine_segments(share: dict) -> list[dict]:
     parts = [("weights", share.get("weights")), ("KV pool", share.get("kv_pool")),
              ("CUDA graphs", share.get("cuda_graphs"))]
-    if any(value is None for _, value in parts[:2]):
+    asleep = (share.get("notes") or {}).get("actual")
+    if any(value is None for _, value in parts[:2]) or asleep:
+        # Parts not reported, or gone (asleep at level 2): what its process holds is the segment.
         actual = share.get("actual")
-        return [{"kind": "engine", "label": f"{share['name']} (parts not reported)",
+        what = ": process memory while asleep" if asleep else " (parts not reported)"
+        return [{"kind": "engine", "label": f"{share['name']}{what}",
                  "bytes": actual}] if actual else []
     return [{"kind": f"engine-{i}", "label": f"{share['name']}: {name}", "bytes": value}
             for i, (name, value) in enumerate(parts) if value]

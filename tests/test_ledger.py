@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from collectors.ledger import (
+    budget_components,
     build_ledger,
     engine_share,
     prefill_estimate,
@@ -141,3 +142,78 @@ def test_update_ledger_on_this_machine_names_real_processes(node):
     assert ledger.processes and ledger.others_total > 0
     assert ledger.processes[0]["rss_bytes"] >= ledger.processes[-1]["rss_bytes"]
     assert memory_by_process_name()[0].rss_bytes > 0
+
+
+# --- an engine that loads whole models on demand (Ollama) ----------------------------------------
+
+def _ollama(node, name, *models: tuple[str, int], **extra):
+    """An Ollama engine as its reader stores it: ``/api/ps``'s models under ``details``."""
+    listed = [{"name": model, "size_bytes": size, "size_vram_bytes": size}
+              for model, size in models]
+    values = dict(
+        node=node, name=name, kind="ollama", container_id=name * 8, container_state="running",
+        phase="ready", startup={"phase": "ready", "version": "0.33.0"},
+        config={"max_num_batched_tokens": 512},
+        metrics={"snapshot": {"model_name": models[0][0] if models else None},
+                 "details": {"version": "0.33.0", "models": listed,
+                             "size_bytes": sum(size for _, size in models),
+                             "size_vram_bytes": sum(size for _, size in models)}},
+    )
+    values.update(extra)
+    return Engine.objects.create(**values)
+
+
+def test_what_an_ollama_server_loads_is_a_ledger_change_named_for_its_models(node):
+    vllm, chat = _engine(node, "gemma", 8.0), _ollama(node, "chat")
+    record_changes(node, build_ledger(node, T0, FIGURES, [vllm, chat], []), T0)
+    assert engine_share(chat).loaded_models == 0 and engine_share(vllm).loaded_models is None
+
+    chat.metrics = _ollama(node, "x", ("qwen3:30b", 19 * GIB)).metrics
+    chat.save()
+    later = T0 + timedelta(minutes=1)
+    loaded = record_changes(node, build_ledger(node, later, FIGURES, [vllm, chat], []), later)
+
+    assert [(c.component, c.label, c.before_bytes, c.after_bytes) for c in loaded] == [
+        (f"engine:{chat.pk}:loaded_models", "chat's loaded models (qwen3:30b)", 0, 19 * GIB)]
+    node.refresh_from_db()
+    share = node.ledger["engines"][1]
+    assert share["loaded_models"] == 19 * GIB and share["loaded_model_names"] == ["qwen3:30b"]
+    assert share["kv_pool"] is None and share["weights"] is None  # still not reported apart
+
+    chat.metrics = _ollama(node, "y").metrics  # its keep-alive ran out: unloaded
+    chat.save()
+    end = later + timedelta(minutes=5)
+    unloaded = record_changes(node, build_ledger(node, end, FIGURES, [vllm, chat], []), end)
+    assert [(c.label, c.before_bytes, c.after_bytes) for c in unloaded] == [
+        ("chat's loaded models (none loaded)", 19 * GIB, 0)]
+
+
+def test_a_stopped_ollama_holds_no_model_and_a_failed_read_holds_unknown(node):
+    loaded = _ollama(node, "chat", ("qwen3:8b", 7 * GIB), ("gpt-oss:20b", 13 * GIB))
+    assert engine_share(loaded).loaded_models == 20 * GIB
+    assert engine_share(loaded).loaded_model_names == ["qwen3:8b", "gpt-oss:20b"]
+
+    loaded.last_scrape_error = "GET /api/ps: timed out"
+    assert engine_share(loaded).loaded_models is None  # what it holds now is not known
+    loaded.container_state = "exited"
+    assert engine_share(loaded).loaded_models == 0  # a stopped server frees its models
+
+
+def test_an_ollama_server_appearing_with_a_model_loaded_took_that_room(node):
+    chat = _ollama(node, "chat", ("qwen3:8b", 7 * GIB))
+
+    changes = record_changes(node, build_ledger(node, T0, FIGURES, [chat], []), T0)
+
+    assert [(c.label, c.before_bytes, c.after_bytes) for c in changes] == [
+        ("chat's loaded models (qwen3:8b)", None, 7 * GIB)]
+
+
+def test_inside_a_memory_budget_an_ollama_servers_models_can_be_the_cause(node):
+    ledger = {"headroom_source": "budget", "engines": [
+        {"engine_id": 1, "in_budget": True, "loaded_models": 7 * GIB},
+        {"engine_id": 2, "in_budget": True, "loaded_models": None},
+        {"engine_id": 3, "in_budget": False, "loaded_models": 5 * GIB}]}
+
+    assert budget_components(ledger) == {
+        "engine:1:kv_pool", "engine:1:non_kv", "engine:1:loaded_models",
+        "engine:2:kv_pool", "engine:2:non_kv"}

@@ -12,6 +12,7 @@ collectors/vllm/metrics.py; each flag is parsed by collectors/vllm/flags.py; and
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import math
@@ -196,6 +197,22 @@ def test_engine_card_shows_the_unparsed_line(node: Any) -> None:
     assert "log-line-unparsed" in [finding["code"] for finding in card["findings"]]
 
 
+@pytest.mark.django_db
+def test_engine_page_tells_the_unparsed_startup_lines_in_words(admin_client: Any,
+                                                               node: Any) -> None:
+    newest = releases()[-1]
+    entry = next(e for e in newest["log_lines"] if e["item"] == "kv_available")
+    message = entry["near_miss"]["message"]
+    log = parse_startup_log(_records(newest, entry, message)["APIServer"])
+    Engine.objects.create(node=node, name="v", container_id="e" * 64, container_state="running",
+                          startup=log.as_dict())
+
+    page = admin_client.get("/nodes/spark-a/engines/v/").content.decode()
+
+    assert (f"vLLM printed 1 startup line SparkOps recognised but could not read: "
+            f"“{message}” (the KV cache size left unknown).") in page
+
+
 @pytest.mark.parametrize("data", _release_cases())
 def test_whole_startup_of_a_release_reads_as_one(data: dict[str, Any]) -> None:
     """One line of each kind the release prints, in the order vLLM prints them (the order of
@@ -233,6 +250,14 @@ READ_VALUES: dict[str, float] = {
     "spec_decode_draft_tokens_total": 150,
     "spec_decode_accepted_tokens_total": 120,
 }
+# V0's speculative-decoding gauges (fractions since start).
+READ_FRACTIONS = {"spec_decode_draft_acceptance_rate": 0.8, "spec_decode_efficiency": 0.6}
+# Series told apart by one more label: each label value and the value it is set to. Asleep at
+# level 1 (vLLM's record_sleep_state(1, 1)); accepted tokens at draft positions 0, 1 and 2.
+BY_LABEL = {
+    "sleep_state": {"awake": 0, "weights_offloaded": 1, "discard_all": 0},
+    "position": {"0": 40, "1": 25, "2": 10},
+}
 # The current KV usage name and its pre-0.9 name get different values, so which one was read
 # shows (vLLM PR #18354 renamed it; both are a fraction 0-1).
 KV_USAGE = {"vllm:kv_cache_usage_perc": 0.25, "vllm:gpu_cache_usage_perc": 0.75}
@@ -261,10 +286,15 @@ def _labels(metric: dict[str, Any]) -> list[str]:
     if isinstance(labels, list):
         return labels
     # A label list passed in at run time: V0's stat logger gets labels=dict(model_name=…)
-    # (vllm/engine/llm_engine.py, 0.6-0.10); the V1 connectors get the engine's two.
-    if metric["file"] == "vllm/engine/metrics.py":
-        return ["model_name"]
-    return ["model_name", "engine"]
+    # (vllm/engine/llm_engine.py, 0.6-0.10); the V1 connectors get the engine's two; the
+    # extraction writes what is added to them (``labelnames + ['position']``).
+    given = ["model_name"] if metric["file"] == "vllm/engine/metrics.py" \
+        else ["model_name", "engine"]
+    try:
+        extra = ast.literal_eval(labels.partition(" + ")[2] or "[]")
+    except (ValueError, SyntaxError):
+        extra = []  # names, not literals (a class constant): a label not known here
+    return given + [label for label in extra if label not in given]
 
 
 def _label_values(labels: list[str]) -> dict[str, str]:
@@ -287,6 +317,12 @@ def _render_exposition(metrics: list[dict[str, Any]], show_hidden: bool) -> str:
         labels = _labels(metric)
         documentation = metric["documentation"] or name
         made_metric = _make(metric, name, documentation, labels, registry)
+        by_label = next((label for label in labels if label in BY_LABEL), None)
+        if by_label is not None:
+            for value, amount in BY_LABEL[by_label].items():
+                child = made_metric.labels(**{**_label_values(labels), by_label: value})
+                child.set(amount) if metric["type"] == "gauge" else child.inc(amount)
+            continue
         _set_value(metric, made_metric.labels(**_label_values(labels)) if labels else made_metric)
     return generate_latest(registry).decode()
 
@@ -313,6 +349,8 @@ def _set_value(metric: dict[str, Any], child: Any) -> None:
     elif reads == "inter_token_latency":
         for value in ITL_OBSERVED:
             child.observe(value)
+    elif reads in READ_FRACTIONS:
+        child.set(READ_FRACTIONS[reads])
     elif reads in READ_VALUES:
         if metric["type"] == "gauge":
             child.set(READ_VALUES[reads])
@@ -335,6 +373,15 @@ def _expected_snapshot(metrics: list[dict[str, Any]], show_hidden: bool) -> dict
         reads = metric.get("reads")
         if reads in READ_VALUES:
             expected[reads] = READ_VALUES[reads]
+        elif reads in READ_FRACTIONS:
+            expected[reads] = READ_FRACTIONS[reads]
+    # Sleep mode's gauge (0.11-0.33) and the accepted tokens per draft position (0.8-0.33).
+    sleeps = "vllm:engine_sleep_state" in names
+    expected["asleep"], expected["sleep_level"] = (True, 1) if sleeps else (None, None)
+    expected["spec_decode_accepted_per_position_total"] = (
+        tuple(BY_LABEL["position"].values())
+        if "vllm:spec_decode_num_accepted_tokens_per_pos" in names else None
+    )
     if "vllm:kv_cache_usage_perc" in names:
         expected["kv_cache_usage"] = KV_USAGE["vllm:kv_cache_usage_perc"]
     elif "vllm:gpu_cache_usage_perc" in names:

@@ -15,7 +15,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ``--emulator-engine`` picks the engine it speaks: vLLM (the default, `cli` and `app`),
     llama.cpp's llama-server (`llamacpp`), Ollama (`ollama`), SGLang (`sglang`) or
-    TensorRT-LLM's trtllm-serve (`trtllm`).
+    TensorRT-LLM's trtllm-serve (`trtllm`); or the model router llama-swap (`llamaswap`), which
+    starts the others as child processes.
     """
     try:
         engine, args = engine_of(sys.argv[1:] if argv is None else argv)
@@ -34,6 +35,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import sglang
 
         return sglang.main(args)
+    if engine == "llamaswap":
+        from . import llamaswap
+
+        return llamaswap.main(args)
     if engine == "trtllm":
         from . import trtllm
 

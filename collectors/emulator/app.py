@@ -24,6 +24,7 @@ from .memory import TransientBuffer
 from .metrics import EngineMetrics, cache_config_labels
 from .planning import KvPlan
 from .server import EmulatorHTTPServer, ServerState
+from .sleepmode import SleepMode, dev_mode
 from .startup import Interrupted, Resources, Startup, StartupFailed, report_failure
 from .stats import StatsLogger
 
@@ -62,6 +63,8 @@ def _build_engine(config: EmulatorConfig, plan: KvPlan, buffer: TransientBuffer)
         model_name=config.model_name,
         max_model_len=plan.max_model_len,
         cache_config=labels,
+        num_speculative_tokens=config.speculative.num_speculative_tokens
+        if config.speculative else None,
     )
     settings = EngineSettings(
         max_num_seqs=config.max_num_seqs,
@@ -73,6 +76,9 @@ def _build_engine(config: EmulatorConfig, plan: KvPlan, buffer: TransientBuffer)
         decode_tps=config.decode_tps,
         activation_bytes_per_token=config.activation_bytes_per_token,
         prefix_hit_rate=config.prefix_hit_rate if config.enable_prefix_caching else 0.0,
+        num_speculative_tokens=config.speculative.num_speculative_tokens
+        if config.speculative else 0,
+        spec_acceptance=config.spec_acceptance,
     )
     return Engine(settings, metrics, buffer)
 
@@ -84,7 +90,7 @@ def _announce_ready(log: VllmLog, config: EmulatorConfig, plan: KvPlan, url: str
         log.api(*messages.cache_config_info_logged(plan.num_gpu_blocks))
     log.api(*messages.supported_tasks(config.style))
     log.api(*messages.starting_server(config.style, url))
-    for line in messages.route_lines():
+    for line in messages.route_lines(dev_mode()):
         log.api(*line)
     log.uvicorn(f"Started server process [{log.pid}]")
     log.uvicorn("Waiting for application startup.")
@@ -138,6 +144,8 @@ def run(config: EmulatorConfig) -> int:
     state.engine = engine
     state.metrics = engine.metrics
     state.max_model_len = plan.max_model_len
+    state.sleep_mode = SleepMode(enabled=config.enable_sleep_mode, engine=engine,
+                                 metrics=engine.metrics, resources=resources, log=log)
     threads = [_start_thread("engine", engine.run, stop)]
     stats = StatsLogger(
         engine,

@@ -18,6 +18,7 @@ The standard library is all this package may import: containers run it with the 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -83,7 +84,6 @@ IGNORED_VLLM_FLAGS: dict[str, bool] = {
     "--tool-call-parser": True,
     "--reasoning-parser": True,
     "--limit-mm-per-prompt": True,
-    "--speculative-config": True,
     "--compilation-config": True,
     "--hf-overrides": True,
     "--generation-config": True,
@@ -103,6 +103,16 @@ IGNORED_VLLM_FLAGS: dict[str, bool] = {
     "--max-num-partial-prefills": True,
     "--max-long-partial-prefills": True,
 }
+
+
+@dataclass(frozen=True)
+class SpeculativeSpec:
+    """`--speculative-config`: vLLM's SpeculativeConfig keys the emulator uses
+    (vllm/config/speculative.py of 0.33: `method`, `model`, `num_speculative_tokens`)."""
+
+    method: str | None
+    model: str | None
+    num_speculative_tokens: int
 
 
 class CliError(Exception):
@@ -158,6 +168,11 @@ class EmulatorConfig:
     strict_memory: bool
     stats_interval: float
     non_default_args: dict[str, Any] = field(default_factory=dict)
+    # vLLM's sleep mode (--enable-sleep-mode): what POST /sleep can give back.
+    enable_sleep_mode: bool = False
+    # Speculative decoding (--speculative-config) and the share of drafted tokens accepted.
+    speculative: SpeculativeSpec | None = None
+    spec_acceptance: float = 0.7
 
     @property
     def model_name(self) -> str:
@@ -206,6 +221,17 @@ def _choice(choices: Sequence[str]) -> Callable[[str], str]:
     return convert
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    """A JSON flag as vLLM's argparse reads it (`type=json.loads` in vllm/engine/arg_utils.py)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise ValueError(f"invalid loads value: {text!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"invalid loads value: {text!r}")
+    return value
+
+
 def _load_spec(text: str) -> LoadSpec:
     parts = text.split(":")
     if len(parts) != 3:
@@ -234,6 +260,10 @@ _FLAGS: dict[str, _Flag] = {
     "--enable-prefix-caching": _Flag("enable_prefix_caching", None, True),
     "--no-enable-prefix-caching": _Flag("enable_prefix_caching", None, False),
     "--disable-log-stats": _Flag("disable_log_stats", None, True),
+    "--enable-sleep-mode": _Flag("enable_sleep_mode", None, True),
+    "--no-enable-sleep-mode": _Flag("enable_sleep_mode", None, False),
+    "--speculative-config": _Flag("speculative_config", _json_object),
+    "-sc": _Flag("speculative_config", _json_object),
     "--disable-uvicorn-access-log": _Flag("disable_uvicorn_access_log", None, True),
     "--emulator-style": _Flag("emulator_style", _choice(tuple(STYLES)), vllm=False),
     "--emulator-version": _Flag("emulator_version", str, vllm=False),
@@ -261,6 +291,7 @@ _FLAGS: dict[str, _Flag] = {
     "--emulator-fail": _Flag("emulator_fail", _choice(FAIL_MODES), vllm=False),
     "--emulator-strict-memory": _Flag("emulator_strict_memory", None, True, vllm=False),
     "--emulator-stats-interval": _Flag("emulator_stats_interval", _float, vllm=False),
+    "--emulator-spec-acceptance": _Flag("emulator_spec_acceptance", _float, vllm=False),
 }
 
 USAGE = f"usage: {PROG} [model_tag] [options]"
@@ -275,7 +306,9 @@ honoured vLLM flags:
   --kv-cache-memory-bytes (8G = 8*2^30, 8g = 8*10^9), --gpu-memory-utilization,
   --max-model-len (131k, auto), --max-num-seqs (256), --max-num-batched-tokens (2048),
   --block-size (16), --moe-backend, --quantization/-q, --[no-]enforce-eager, --kv-cache-dtype,
-  --[no-]enable-prefix-caching, --disable-log-stats, --disable-uvicorn-access-log
+  --[no-]enable-prefix-caching, --disable-log-stats, --disable-uvicorn-access-log,
+  --[no-]enable-sleep-mode (POST /sleep?level=1|2, /wake_up, GET /is_sleeping with
+  VLLM_SERVER_DEV_MODE=1), --speculative-config/-sc JSON (method, num_speculative_tokens)
   Other flags are accepted and ignored, except those the emulated release rejects.
 
 emulator flags:
@@ -298,6 +331,8 @@ emulator flags:
   --emulator-strict-memory               apply vLLM's free-memory pre-check and profiling
                                          consistency check against the host's real MemFree
   --emulator-stats-interval S            periodic stats line (VLLM_LOG_STATS_INTERVAL or 10)
+  --emulator-spec-acceptance F           share of drafted tokens accepted with
+                                         --speculative-config (0.7)
 """
 
 
@@ -486,7 +521,35 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         **_vllm_fields(values, bounded),
         **_emulator_fields(values, bounded),
         non_default_args=shown,
+        enable_sleep_mode=values.get("enable_sleep_mode", False),
+        speculative=_speculative(values.get("speculative_config")),
+        spec_acceptance=_spec_acceptance(bounded),
     )
+
+
+def _speculative(config: dict[str, Any] | None) -> SpeculativeSpec | None:
+    """vLLM's checks of the keys used here (vllm/config/speculative.py: num_speculative_tokens
+    > 0, and a method or a draft model)."""
+    if config is None:
+        return None
+    # Without it vLLM takes the draft model config's number (an MTP head's n_predict, usually
+    # 1); the emulated model has no config, so 1.
+    tokens = config.get("num_speculative_tokens", 1)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens <= 0:
+        raise CliError("argument --speculative-config: num_speculative_tokens must be an "
+                       "integer > 0")
+    method, model = config.get("method"), config.get("model")
+    if not method and not model:
+        raise CliError("argument --speculative-config: a method or a draft model is required")
+    return SpeculativeSpec(method=str(method) if method else None,
+                           model=str(model) if model else None, num_speculative_tokens=tokens)
+
+
+def _spec_acceptance(bounded: _Bounded) -> float:
+    value = bounded.not_negative("emulator_spec_acceptance", 0.7)
+    if value > 1:
+        raise CliError("argument --emulator-spec-acceptance: must be in [0, 1]")
+    return value
 
 
 class _Bounded:

@@ -22,6 +22,14 @@ Model (vLLM V1's scheduler as configured by `--max-num-batched-tokens` and `--ma
 * The step that completes a prefill samples the first token (TTFT); the whole prompt is then
   counted in `prompt_tokens`, as vLLM does.
 
+* With speculative decoding (`num_speculative_tokens` k), each decode step of a request drafts
+  k tokens and accepts a share of them (`spec_acceptance`, spread evenly over the steps), so the
+  step yields 1 + accepted tokens and costs 1 + k tokens of the budget, as vLLM schedules it.
+  Accepted tokens past a request's end are counted as vLLM's rejection sampler counts them, and
+  dropped from the output.
+* `pause` stops scheduling (vLLM's `pause_scheduler` before a sleep: running requests are
+  aborted, new ones wait); `resume` starts it again.
+
 High decode rates are stepped in groups of tokens so a step never lasts less than ~10 ms.
 """
 
@@ -87,6 +95,8 @@ class EngineSettings:
     decode_tps: float
     activation_bytes_per_token: int
     prefix_hit_rate: float
+    num_speculative_tokens: int = 0  # 0: no speculative decoding
+    spec_acceptance: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,10 @@ class EngineTotals:
     running: int
     waiting: int
     kv_usage: float
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted: int = 0
+    spec_accepted_per_position: tuple[int, ...] = ()
 
 
 @dataclass
@@ -108,6 +122,8 @@ class _Scheduled:
     request: Request
     tokens: int  # tokens whose KV this step computes
     decode: bool
+    drafts: int = 0  # speculative drafts in this decode step (one per real step)
+    accepted: int = 0  # drafted tokens accepted
 
 
 class Engine:
@@ -134,6 +150,13 @@ class Engine:
         self._preemption_total = 0
         self._prefix_queries = 0
         self._prefix_hits = 0
+        self._paused = False
+        self._draining = False  # pausing in mode "wait": the running finish, nothing is admitted
+        self._spec_credit = 0.0  # accepted tokens owed by the acceptance rate, not yet drafted
+        self._spec_drafts = 0
+        self._spec_draft_tokens = 0
+        self._spec_accepted = 0
+        self._spec_per_position = [0] * settings.num_speculative_tokens
 
     # --- public, any thread ------------------------------------------------------------------
 
@@ -164,6 +187,36 @@ class Engine:
                 self._waiting.remove(request)
             self._finish(request, "abort", self._clock())
 
+    def pause(self, mode: str = "abort") -> None:
+        """Stop scheduling until :meth:`resume`; waiting requests stay queued. The running ones,
+        by vLLM's pause modes (vllm/v1/engine/core.py ``pause_scheduler``): "abort" (the
+        default) finishes them as aborted, "keep" puts them back to wait (their KV dropped, so
+        they are recomputed after resuming), "wait" lets them finish first, admitting nothing
+        new meanwhile."""
+        with self._cond:
+            if mode == "wait":
+                self._draining = True
+                while self._running:
+                    self._cond.wait(IDLE_POLL_SECONDS / 10)
+            self._paused, self._draining = True, False
+            now = self._clock()
+            for request in list(reversed(self._running)):
+                if mode == "keep":
+                    self._requeue(request)
+                else:
+                    self._finish(request, "abort", now)
+            self._cond.notify_all()
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify()
+
+    @property
+    def paused(self) -> bool:
+        with self._cond:
+            return self._paused
+
     def gauges(self) -> EngineGauges:
         with self._cond:
             return EngineGauges(len(self._running), len(self._waiting), self._kv_usage())
@@ -179,6 +232,10 @@ class Engine:
                 running=len(self._running),
                 waiting=len(self._waiting),
                 kv_usage=self._kv_usage(),
+                spec_drafts=self._spec_drafts,
+                spec_draft_tokens=self._spec_draft_tokens,
+                spec_accepted=self._spec_accepted,
+                spec_accepted_per_position=tuple(self._spec_per_position),
             )
 
     def running_requests(self) -> list[tuple[int, int]]:
@@ -220,6 +277,7 @@ class Engine:
                     break
                 with self._cond:
                     self._apply(plan, max(self._clock(), deadline))
+                    self._cond.notify_all()
         finally:
             self._buffer.release()
 
@@ -233,6 +291,8 @@ class Engine:
         return -(-tokens // self.settings.block_size)
 
     def _schedule(self, now: float) -> list[_Scheduled]:
+        if self._paused:
+            return []
         budget = self.settings.max_num_batched_tokens
         plan: list[_Scheduled] = []
         preempted = False
@@ -241,20 +301,26 @@ class Engine:
             request = self._running[index]
             missing = request.known_tokens - request.num_computed
             decode = request.generated > 0 and missing == 1
+            drafts = accepted = 0
             if decode:
-                tokens = min(self._decode_group, request.output_tokens - request.generated)
-                cost = 1
+                remaining = request.output_tokens - request.generated
+                drafts = min(self._decode_group, remaining)
+                accepted = self._accepted(drafts)
+                tokens = min(drafts + accepted, remaining)
+                cost = 1 + self.settings.num_speculative_tokens
             else:
                 tokens = cost = min(missing, budget)
             fitted, preempted_any = self._allocate(request, tokens)
             preempted = preempted or preempted_any
             if not fitted:
                 continue  # the request preempted itself; the one now at `index` is next
-            plan.append(_Scheduled(request, tokens, decode))
+            plan.append(_Scheduled(request, tokens, decode,
+                                   drafts if self.settings.num_speculative_tokens else 0,
+                                   accepted))
             budget -= cost
             index += 1
         # vLLM does not admit new work in a step that had to preempt.
-        while not preempted and self._waiting and budget > 0:
+        while not preempted and not self._draining and self._waiting and budget > 0:
             if len(self._running) >= self.settings.max_num_seqs:
                 break
             request = self._waiting[0]
@@ -273,6 +339,31 @@ class Engine:
             plan.append(_Scheduled(request, tokens, decode=False))
             budget -= tokens
         return plan
+
+    def _accepted(self, drafts: int) -> int:
+        """Drafted tokens accepted over ``drafts`` steps: the acceptance rate's share of the k
+        tokens each drafts, carried over between steps so the rate holds exactly over time."""
+        k = self.settings.num_speculative_tokens
+        if not k:
+            return 0
+        self._spec_credit += self.settings.spec_acceptance * k * drafts
+        accepted = min(int(self._spec_credit), k * drafts)
+        self._spec_credit -= accepted
+        return accepted
+
+    def _record_drafts(self, item: _Scheduled) -> None:
+        """vLLM's `SpecDecodingStats.observe_draft` for each draft of the step: the accepted
+        tokens spread evenly over the drafts, each accepting a prefix of its k positions."""
+        k = self.settings.num_speculative_tokens
+        base, extra = divmod(item.accepted, item.drafts)
+        per_position = [sum(1 for d in range(item.drafts) if base + (d < extra) > p)
+                        for p in range(k)]
+        self._spec_drafts += item.drafts
+        self._spec_draft_tokens += k * item.drafts
+        self._spec_accepted += item.accepted
+        self._spec_per_position = [a + b for a, b in zip(self._spec_per_position, per_position,
+                                                          strict=True)]
+        self.metrics.record_spec_decode(item.drafts, k * item.drafts, item.accepted, per_position)
 
     def _apply_prefix_cache(self, request: Request) -> None:
         """First scheduling: whole blocks of the prompt may be served from the prefix cache."""
@@ -304,14 +395,18 @@ class Engine:
         return True, preempted
 
     def _preempt(self, request: Request) -> None:
+        self._requeue(request)
+        request.num_preemptions += 1
+        self._preemption_total += 1
+        self.metrics.record_preemption()
+
+    def _requeue(self, request: Request) -> None:
+        """Back to the head of the waiting queue, its KV dropped (computed again later)."""
         self._running.remove(request)
         self._used_blocks -= request.blocks
         request.blocks = 0
-        request.num_computed = 0  # recompute preemption: the KV is dropped
-        request.num_preemptions += 1
+        request.num_computed = 0
         self._waiting.appendleft(request)
-        self._preemption_total += 1
-        self.metrics.record_preemption()
 
     def _apply(self, plan: list[_Scheduled], now: float) -> None:
         scheduled_tokens = 0
@@ -322,7 +417,9 @@ class Engine:
                 continue  # aborted or preempted while the step ran
             request.num_computed += item.tokens
             if item.decode:
-                scheduled_tokens += 1
+                scheduled_tokens += 1 + self.settings.num_speculative_tokens
+                if item.drafts:
+                    self._record_drafts(item)
                 request.generated += item.tokens
                 sampled += item.tokens
                 gap = now - (request.last_token if request.last_token is not None else now)

@@ -35,7 +35,7 @@ from typing import Any
 from .cli import CliError, LoadSpec, _load_spec
 from .units import human_readable_int
 
-ENGINES = ("vllm", "llamacpp", "ollama", "sglang", "trtllm")
+ENGINES = ("vllm", "llamacpp", "ollama", "sglang", "trtllm", "llamaswap")
 
 
 @dataclass(frozen=True)

@@ -62,12 +62,13 @@ def engine_config(
     served_model_name: str,
     enable_prefix_caching: bool,
     moe_backend: str,
+    speculative: str = "None",
 ) -> Line:
     """`Initializing a V1 LLM engine (vX) with config: …`: the line that gives the vLLM
-    version and the effective engine config."""
+    version and the effective engine config; `speculative` is the SpeculativeConfig's repr."""
     parts = [
         f"model='{model}'",
-        "speculative_config=None",
+        f"speculative_config={speculative}",
         f"tokenizer='{model}'",
         "skip_tokenizer_init=False",
         "tokenizer_mode=auto",
@@ -94,6 +95,26 @@ def engine_config(
         parts.append(f"kernel_config=KernelConfig(moe_backend='{moe_backend}')")
     source = "core.py:101" if style.modern else "core.py:74"
     return source, f"Initializing a V1 LLM engine (v{version}) with config: {', '.join(parts)}"
+
+
+def speculative_config_repr(method: str | None, model: str | None, tokens: int) -> str:
+    """`SpeculativeConfig.__repr__` (vllm/config/speculative.py:2196 of 0.33)."""
+    return f"SpeculativeConfig(method={method!r}, model={model!r}, num_spec_tokens={tokens})"
+
+
+def spec_decode_line(*, drafts: int, draft_tokens: int, accepted: int, seconds: float,
+                     per_position: list[float]) -> Line:
+    """`SpecDecodingLogging.log` (vllm/v1/spec_decode/metrics.py of 0.33), after the stats
+    line of an interval that drafted."""
+    rate = accepted / draft_tokens * 100 if draft_tokens else float("nan")
+    return "metrics.py:124", (
+        f"SpecDecoding metrics: Mean acceptance length: {1 + accepted / drafts:.2f}, "
+        f"Accepted throughput: {accepted / seconds:.2f} tokens/s, "
+        f"Drafted throughput: {draft_tokens / seconds:.2f} tokens/s, "
+        f"Accepted: {accepted} tokens, Drafted: {draft_tokens} tokens, "
+        f"Per-position acceptance rate: {', '.join(f'{p:.3f}' for p in per_position)}, "
+        f"Avg Draft acceptance rate: {rate:.1f}%"
+    )
 
 
 def starting_to_load(model: str) -> Line:
@@ -265,9 +286,18 @@ ROUTES: tuple[tuple[str, str], ...] = (
 )
 
 
-def route_lines() -> list[Line]:
+# Registered only with VLLM_SERVER_DEV_MODE=1 (vllm/entrypoints/serve/dev/sleep/api_router.py).
+DEV_ROUTES: tuple[tuple[str, str], ...] = (
+    ("/sleep", "POST"),
+    ("/wake_up", "POST"),
+    ("/is_sleeping", "GET"),
+)
+
+
+def route_lines(dev_mode: bool = False) -> list[Line]:
     lines = [("launcher.py:29", "Available routes are:")]
-    lines += [("launcher.py:37", f"Route: {path}, Methods: {methods}") for path, methods in ROUTES]
+    routes = ROUTES + (DEV_ROUTES if dev_mode else ())
+    lines += [("launcher.py:37", f"Route: {path}, Methods: {methods}") for path, methods in routes]
     return lines
 
 
@@ -296,6 +326,32 @@ def stats_line(
     if prefix_hit_rate is not None:
         parts.append(f"Prefix cache hit rate: {prefix_hit_rate * 100:.1f}%")
     return ("loggers.py:259" if style.modern else "loggers.py:123"), ", ".join(parts)
+
+
+# --- sleep mode (vllm/v1/worker/gpu_worker.py, vllm/v1/executor/abstract.py) ----------------
+
+
+def sleep_freed(style: Style, freed: int, in_use: int) -> Line:
+    """The worker's measurement as it falls asleep: `format_gib` (0.14-0.33) or `%.2f`."""
+    return ("gpu_worker.py:335" if style.modern else "gpu_worker.py:117"), (
+        f"Sleep mode freed {_gib(style, freed)} GiB memory, {_gib(style, in_use)} GiB memory is "
+        "still in use."
+    )
+
+
+def fell_asleep(seconds: float) -> Line:
+    return "abstract.py:408", f"It took {seconds:.6f} seconds to fall asleep."
+
+
+def woke_up(seconds: float, tags_text: str) -> Line:
+    """`tags_text`: the tags asked for (a list's repr), or the set of those that slept."""
+    return "abstract.py:426", f"It took {seconds:.6f} seconds to wake up tags {tags_text}."
+
+
+def wake_up_request(style: Style, tags: list[str] | None) -> Line:
+    return ("api_router.py:50" if style.modern else "api_server.py:1088"), (
+        f"wake up the engine with tags: {tags}"
+    )
 
 
 # --- startup failures (vllm/v1/worker/utils.py, vllm/v1/core/kv_cache_planning.py) -----------

@@ -8,6 +8,9 @@ name, else the model) and `engine="0"`; `cache_config_info` carries every CacheC
 
 All series are created when the engine initialises (as vLLM pre-creates them), so a scrape right
 after startup already shows zeros and a restart shows fresh `_created` times and reset counters.
+With speculative decoding the four counters of `SpecDecodingProm` (vllm/v1/spec_decode/metrics.py)
+are declared too: drafts, draft tokens, accepted tokens, and accepted tokens per draft position
+(`position` "0" to k-1).
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ class EngineMetrics:
         max_model_len: int,
         cache_config: dict[str, str],
         engine: str = "0",
+        num_speculative_tokens: int | None = None,
     ) -> None:
         self.style = style
         self._lock = threading.Lock()
@@ -99,6 +103,7 @@ class EngineMetrics:
         # Declaration order is exposition order, as in vLLM's PrometheusStatLogger.
         self._declare_gauges(style)
         self._declare_counters(style)
+        self._declare_spec_decode(num_speculative_tokens)
         self._declare_token_histograms(style, one_two_five_buckets(max_model_len))
         self._declare_latency_histograms(style)
         # loggers.py:log_metrics_info: labels are the CacheConfig fields plus `engine`, never
@@ -116,6 +121,7 @@ class EngineMetrics:
         self.waiting = self._single("vllm:num_requests_waiting", "gauge",
                                     "Number of requests waiting to be processed.")
         self.waiting_capacity: Series | None = None
+        self.sleep_state: dict[str, Series] = {}
         if modern:
             by_reason = self._labelled("vllm:num_requests_waiting_by_reason", "gauge",
                                        "Number of requests waiting to be processed, by reason.",
@@ -131,6 +137,7 @@ class EngineMetrics:
                                    "sleep level 1; discard_all = 1 means sleep level 2.",
                                    "sleep_state", ("awake", "weights_offloaded", "discard_all"))
             sleep["awake"].set(1)
+            self.sleep_state = sleep
 
     def _declare_counters(self, style: Style) -> None:
         """The token and request counters (exposed with `_total` and a `_created` twin)."""
@@ -158,6 +165,23 @@ class EngineMetrics:
         self.success = self._labelled("vllm:request_success", "counter",
                                       "Count of successfully processed requests.",
                                       "finished_reason", reasons)
+
+    def _declare_spec_decode(self, num_speculative_tokens: int | None) -> None:
+        """`SpecDecodingProm`'s counters, only with --speculative-config (as in vLLM)."""
+        self.spec: dict[str, Series] = {}
+        self.spec_per_position: list[Series] = []
+        if num_speculative_tokens is None:
+            return
+        for key, name, doc in (
+            ("drafts", "vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+            ("draft_tokens", "vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+            ("accepted", "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+        ):
+            self.spec[key] = self._single(name, "counter", doc)
+        positions = self._labelled("vllm:spec_decode_num_accepted_tokens_per_pos", "counter",
+                                   "Accepted tokens per draft position.", "position",
+                                   [str(p) for p in range(num_speculative_tokens)])
+        self.spec_per_position = list(positions.values())
 
     def _declare_token_histograms(self, style: Style, lengths: Sequence[int]) -> None:
         """Histograms counted in tokens or request parameters; ``lengths`` are the 1-2-5
@@ -267,6 +291,28 @@ class EngineMetrics:
     def record_inter_token(self, seconds: float, tokens: int = 1) -> None:
         with self._lock:
             self.h_itl.observe(seconds, tokens)
+
+    def record_spec_decode(self, drafts: int, draft_tokens: int, accepted: int,
+                           per_position: Sequence[int]) -> None:
+        """One step's drafts, as `SpecDecodingProm.observe` counts them."""
+        if not self.spec:
+            return
+        with self._lock:
+            self.spec["drafts"].inc(drafts)
+            self.spec["draft_tokens"].inc(draft_tokens)
+            self.spec["accepted"].inc(accepted)
+            for series, count in zip(self.spec_per_position, per_position, strict=True):
+                series.inc(count)
+
+    def record_sleep_state(self, sleep: int = 0, level: int = 0) -> None:
+        """vLLM's `PrometheusStatLogger.record_sleep_state` (vllm/v1/metrics/loggers.py:1335 of
+        0.33): awake=1 unless asleep; weights_offloaded=1 at level 1, discard_all=1 at level 2."""
+        if not self.sleep_state:
+            return
+        with self._lock:
+            self.sleep_state["awake"].set(0 if sleep else 1)
+            self.sleep_state["weights_offloaded"].set(1 if sleep and level == 1 else 0)
+            self.sleep_state["discard_all"].set(1 if sleep and level == 2 else 0)
 
     def record_preemption(self) -> None:
         with self._lock:

@@ -7,7 +7,9 @@ during start-up and the engine families once the engine exists (vLLM emits
 `cache_config_info` only after the KV cache is sized, in loggers.py:log_metrics_info).
 
 Endpoints (those of vLLM 0.33): GET /health, /ping, /version, /load, /v1/models, /metrics;
-POST /ping, /v1/completions, /v1/chat/completions (JSON or server-sent events with `stream`).
+POST /ping, /v1/completions, /v1/chat/completions (JSON or server-sent events with `stream`);
+with `VLLM_SERVER_DEV_MODE=1` also sleep mode's POST /sleep, POST /wake_up and GET /is_sleeping
+(`sleepmode`).
 Each request is logged in uvicorn's access-log format unless --disable-uvicorn-access-log.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,6 +30,7 @@ from .engine import Engine, Request
 from .logs import VllmLog
 from .metrics import EngineMetrics, render_process_metrics
 from .openai_api import ApiError, Generation
+from .sleepmode import PAUSE_MODES, SleepMode, dev_mode, sleep_answer, wake_up_answer
 
 MAX_BODY_BYTES = 16 << 20
 STREAM_POLL_SECONDS = 0.02
@@ -44,6 +48,7 @@ class ServerState:
     engine: Engine | None = None
     metrics: EngineMetrics | None = None
     max_model_len: int | None = None
+    sleep_mode: SleepMode | None = None
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -136,6 +141,11 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, {"server_load": load})
         elif path == "/metrics":
             self._send(200, self._metrics_text().encode(), METRICS_CONTENT_TYPE)
+        elif path == "/is_sleeping" and dev_mode():
+            if not state.config.style.modern:
+                state.log.api("api_server.py:1097", "check whether the engine is sleeping")
+            sleeping = state.sleep_mode.is_sleeping if state.sleep_mode else False
+            self._json(200, {"is_sleeping": sleeping})
         elif path == "/v1/models":
             if not state.serving or state.max_model_len is None:
                 self._error(ApiError(503, "The engine is not ready.", "ServiceUnavailableError"))
@@ -159,8 +169,50 @@ class Handler(BaseHTTPRequestHandler):
                 self._generate(chat=path.endswith("chat/completions"))
             except ApiError as error:
                 self._error(error)
+        elif path in {"/sleep", "/wake_up"} and dev_mode():
+            self._sleep_mode(path)
         else:
             self._json(404, {"detail": "Not Found"})
+
+    def _sleep_mode(self, path: str) -> None:
+        """POST /sleep?level=N&mode=… and POST /wake_up?tags=…, answered once done."""
+        state = self.state
+        self._read_body()
+        sleep_mode = state.sleep_mode
+        if sleep_mode is None:
+            self._error(ApiError(503, "The engine is not ready.", "ServiceUnavailableError"))
+            return
+        query = urllib.parse.parse_qs(self.path.partition("?")[2])
+        modern = state.config.style.modern
+        if path == "/wake_up":
+            tags = query.get("tags") or None
+            awake = sleep_mode.wake_up(tags)
+            self._answer(wake_up_answer(modern, awake, tags))
+            return
+        level_text = (query.get("level") or ["1"])[-1]
+        mode = (query.get("mode") or ["abort"])[-1]
+        level = int(level_text) if level_text.isdecimal() else None
+        # FastAPI refuses a query parameter outside Query(ge=0, le=2) or the PauseMode literal
+        # (api_router.py:26) with 422 and the parameter's place.
+        if level is None or not 0 <= level <= 2:
+            self._json(422, _invalid("level", "Input should be 0, 1 or 2", level_text))
+            return
+        if mode not in PAUSE_MODES:
+            self._json(422, _invalid("mode", "Input should be 'abort', 'wait' or 'keep'", mode))
+            return
+        sleep_mode.sleep(level, mode)
+        self._answer(sleep_answer(modern, level))
+
+    def _read_body(self) -> None:
+        length = self.headers.get("Content-Length")
+        if length and length.isdecimal() and 0 < int(length) <= MAX_BODY_BYTES:
+            self.rfile.read(int(length))
+
+    def _answer(self, body: Any) -> None:
+        if body is None:
+            self._send(200, b"", "application/json")  # 2025: `Response(status_code=200)`
+        else:
+            self._json(200, body)
 
     def _metrics_text(self) -> str:
         state = self.state
@@ -245,3 +297,9 @@ class Handler(BaseHTTPRequestHandler):
     def _event(self, payload: dict[str, Any]) -> None:
         self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
         self.wfile.flush()
+
+
+def _invalid(name: str, message: str, given: str) -> dict[str, Any]:
+    """FastAPI's validation error body for one query parameter."""
+    return {"detail": [{"type": "value_error", "loc": ["query", name], "msg": message,
+                        "input": given}]}

@@ -134,6 +134,9 @@ class Startup:
                 served_model_name=c.model_name,
                 enable_prefix_caching=c.enable_prefix_caching,
                 moe_backend=c.moe_backend,
+                speculative=messages.speculative_config_repr(
+                    c.speculative.method, c.speculative.model, c.speculative.num_speculative_tokens)
+                if c.speculative else "None",
             )
         )
         self._check_free_memory()

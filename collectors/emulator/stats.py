@@ -5,7 +5,8 @@ or the previous one had non-zero throughput (otherwise at DEBUG, which is silent
 engine, or one stuck in a long prefill that has not finished yet, prints nothing.
 
 The prefix-cache hit rate is cumulative since start (vLLM averages over recent requests); it is
-shown only when prefix caching is on.
+shown only when prefix caching is on. With speculative decoding an interval that drafted is
+followed by vLLM's `SpecDecoding metrics:` line (vllm/v1/spec_decode/metrics.py).
 """
 
 from __future__ import annotations
@@ -60,4 +61,14 @@ class StatsLogger:
                         prefix_hit_rate=hit_rate,
                     )
                 )
+            drafts = now_totals.spec_drafts - last.spec_drafts
+            if drafts > 0:
+                per_position = [(b - a) / drafts for a, b in zip(
+                    last.spec_accepted_per_position, now_totals.spec_accepted_per_position,
+                    strict=True)]
+                self._log.api(*messages.spec_decode_line(
+                    drafts=drafts,
+                    draft_tokens=now_totals.spec_draft_tokens - last.spec_draft_tokens,
+                    accepted=now_totals.spec_accepted - last.spec_accepted,
+                    seconds=elapsed, per_position=per_position))
             last, last_time, last_busy = now_totals, now, busy

@@ -24,11 +24,13 @@ def word_pattern(*names: str) -> re.Pattern[str]:
     return re.compile(rf"(^|[/_.\-\s])({alternatives})([/_.:\-\s]|$)", re.IGNORECASE)
 
 
-# Each kind's words, in the order kinds are tried: the program (`vllm`, `llama-server`,
-# `ollama`, `sglang.launch_server`, `trtllm-serve`) and the names images carry
-# (`nvcr.io/nvidia/vllm`, `ghcr.io/ggml-org/llama.cpp`, `ollama/ollama`, `lmsysorg/sglang`,
-# `nvcr.io/nvidia/tensorrt-llm/release`).
+# Each kind's words, in the order kinds are tried: the program (`llama-swap`, `vllm`,
+# `llama-server`, `ollama`, `sglang.launch_server`, `trtllm-serve`) and the names images carry
+# (`ghcr.io/mostlygeek/llama-swap`, `nvcr.io/nvidia/vllm`, `ghcr.io/ggml-org/llama.cpp`,
+# `ollama/ollama`, `lmsysorg/sglang`, `nvcr.io/nvidia/tensorrt-llm/release`). The router
+# llama-swap comes first: its images also carry the engines it starts.
 WORDS: dict[str, re.Pattern[str]] = {
+    "llamaswap": word_pattern("llama-swap", "llamaswap", "llama_swap"),
     "vllm": word_pattern("vllm"),
     "llamacpp": word_pattern("llama-server", "llama.cpp", "llama-cpp", "llamacpp"),
     "ollama": word_pattern("ollama"),
@@ -37,8 +39,9 @@ WORDS: dict[str, re.Pattern[str]] = {
 }
 KINDS = tuple(WORDS)
 # Label values people write for a kind, besides its own name.
-ALIASES = {"llama.cpp": "llamacpp", "llama-cpp": "llamacpp", "llama-server": "llamacpp",
-           "tensorrt-llm": "trtllm", "trtllm-serve": "trtllm", "tensorrt_llm": "trtllm"}
+ALIASES = {"llama-swap": "llamaswap", "llama.cpp": "llamacpp", "llama-cpp": "llamacpp",
+           "llama-server": "llamacpp", "tensorrt-llm": "trtllm", "trtllm-serve": "trtllm",
+           "tensorrt_llm": "trtllm"}
 
 
 def runs(kind: str, words: Sequence[str]) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collectors.kinds.base import KindReader
 from collectors.kinds.llamacpp import LlamaCppReader
+from collectors.kinds.llamaswap import LlamaSwapReader
 from collectors.kinds.ollama import OllamaReader
 from collectors.kinds.sglang import SglangReader
 from collectors.kinds.trtllm import TrtllmReader
@@ -11,7 +12,8 @@ from collectors.kinds.vllm import VllmReader
 
 READERS: dict[str, KindReader] = {
     reader.kind: reader for reader in (VllmReader(), LlamaCppReader(), OllamaReader(),
-                                       SglangReader(), TrtllmReader())
+                                       SglangReader(), TrtllmReader(),
+                                       LlamaSwapReader())
 }
 
 

@@ -17,6 +17,13 @@ of each minor release 0.6-0.33 (tests/fixtures/vllm_releases/).
 
 A log can hold several startups (a container restarted); only the last one is reported, and
 ``startup_count`` says how many there were.
+
+After it serves, an engine started with ``--enable-sleep-mode`` can be put to sleep and woken
+(``POST /sleep?level=N``, ``/wake_up``); the lines it prints then (``It took … seconds to fall
+asleep.``, ``Sleep mode freed … GiB memory, … GiB memory is still in use.``, ``It took …
+seconds to wake up tags …``) make the phase a sleeping one and back. They do not say the
+level, except 0.7's ``sleep the engine with level N``; vLLM's ``vllm:engine_sleep_state``
+metric does (``collectors.vllm.sleep``).
 """
 
 from __future__ import annotations
@@ -30,8 +37,26 @@ from typing import Any
 
 from collectors.redaction import mask_data
 
-PHASES = ("unknown", "loading", "profiling", "kv_allocated", "ready", "failed")
-_RANK = {phase: rank for rank, phase in enumerate(PHASES)}
+# The phases of a startup, in the order an engine reaches them (or "failed").
+STARTUP_PHASES = ("unknown", "loading", "profiling", "kv_allocated", "ready", "failed")
+# A ready engine put to sleep (vLLM's sleep mode): not a step of its startup but a state it can
+# enter and leave. By level (vllm/v1/engine/core.py ``EngineCore.sleep`` of 0.33): 1 offloads
+# the weights to host memory and discards the KV cache, 2 discards both, 0 only pauses
+# scheduling; "sleeping" when the level was not reported (the log alone does not say it).
+SLEEP_PHASE_BY_LEVEL: dict[int | None, str] = {
+    1: "sleeping_level_1", 2: "sleeping_level_2", 0: "paused", None: "sleeping",
+}
+SLEEPING_PHASES = tuple(SLEEP_PHASE_BY_LEVEL.values())
+PHASE_WORDS = {
+    "sleeping_level_1": "sleeping (level 1)",
+    "sleeping_level_2": "sleeping (level 2)",
+    "paused": "paused (sleep level 0)",
+    "sleeping": "sleeping (level not reported)",
+}
+PHASES = STARTUP_PHASES + SLEEPING_PHASES
+_RANK = {phase: rank for rank, phase in enumerate(STARTUP_PHASES)}
+# The tags vLLM's sleep mode frees and restores (vllm/v1/executor/abstract.py:36 ``SLEEP_TAGS``).
+SLEEP_TAGS = ("kv_cache", "weights")
 _MAX_MESSAGE = 500
 MAX_UNPARSED = 10
 
@@ -75,6 +100,13 @@ class StartupLog:
     from the MoE kernel line (e.g. "MARLIN", "NvFp4"). Timestamps are vLLM's own
     ``MM-DD HH:MM:SS`` (no year). ``unparsed`` lists lines of a known kind whose figures could
     not be read (at most :data:`MAX_UNPARSED`), so that a figure left unknown says why.
+
+    Sleep mode: ``asleep`` is None while the log says nothing of it, True after the engine fell
+    asleep, False once it woke up; ``sleeping_tags`` what is still asleep (``kv_cache``,
+    ``weights``: a partial wake-up restores one); ``sleep_level`` the level asked for when the
+    log says it (0.7); ``asleep_since`` the time it fell asleep; ``sleep_freed_gib`` and
+    ``sleep_in_use_gib`` what vLLM measured when it fell asleep (device memory freed, and in use
+    on the whole device after it; on GB10 that is the node's unified memory).
     """
 
     phase: str = "unknown"
@@ -103,6 +135,12 @@ class StartupLog:
     engine_config: dict[str, str | None] = field(default_factory=dict)
     non_default_args: dict[str, Any] | None = None
     unknown_env_vars: list[str] = field(default_factory=list)
+    asleep: bool | None = None
+    sleep_level: int | None = None
+    sleeping_tags: list[str] = field(default_factory=list)
+    asleep_since: str | None = None
+    sleep_freed_gib: float | None = None
+    sleep_in_use_gib: float | None = None
     errors: list[LogError] = field(default_factory=list)
     unparsed: list[UnparsedLine] = field(default_factory=list)
 
@@ -149,6 +187,12 @@ class StartupLog:
             "engine_config": dict(self.engine_config),
             "non_default_args": self.non_default_args,
             "unknown_env_vars": list(self.unknown_env_vars),
+            "asleep": self.asleep,
+            "sleep_level": self.sleep_level,
+            "sleeping_tags": list(self.sleeping_tags),
+            "asleep_since": self.asleep_since,
+            "sleep_freed_gib": self.sleep_freed_gib,
+            "sleep_in_use_gib": self.sleep_in_use_gib,
             "errors": [error.as_dict() for error in self.errors],
             "unparsed": [line.as_dict() for line in self.unparsed],
         }
@@ -257,6 +301,23 @@ class _Fact:
     name: str
     anchor: str
     pattern: re.Pattern[str]
+
+
+# What each fact is, for people: a line whose figures did not parse leaves this unknown.
+FACT_WORDS = {
+    "weights": "the weights' memory",
+    "weights_load_seconds": "the weights' loading time",
+    "cuda_graph_estimate_gib": "the CUDA-graph estimate",
+    "kv_cache_gib": "the KV cache size",
+    "kv_cache_tokens": "the KV cache size in tokens",
+    "max_concurrency": "the maximum concurrency",
+    "num_gpu_blocks": "the number of KV blocks",
+    "device_total_gib": "the device's total memory",
+    "cuda_graph_gib": "the CUDA-graph memory",
+    "startup_free_gib": "the free memory at startup",
+    "init_engine_seconds": "the engine's initialisation time",
+    "sleep_freed_gib": "the memory sleep mode freed",
+}
 
 
 def _fact(name: str, anchor: str, pattern: str) -> _Fact:
@@ -394,6 +455,21 @@ _INIT_ENGINE = _fact(
 # (entrypoints/openai/api_server.py), "Starting vLLM server on %s" 0.18-0.33
 # (entrypoints/launchers/api_server/entry.py:139); uvicorn's "Application startup complete".
 _READY = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on |Application startup complete")
+# Sleep mode, after the engine serves. "It took %.6f seconds to fall asleep." 0.7-0.33
+# (vllm/executor/executor_base.py:208 of 0.7 up to 0.10, vllm/v1/executor/abstract.py:408 of
+# 0.33); "It took %.6f seconds to wake up." 0.7, "… to wake up tags %s." 0.8-0.33 (abstract.py:426;
+# the tags woken, or the set of those that slept); "Sleep mode freed %.2f GiB memory, %.2f GiB
+# memory is still in use." 0.7-0.13, "%s GiB" 0.14-0.33 (v1/worker/gpu_worker.py:335; V0
+# worker/worker.py up to 0.10); "sleep the engine with level %s" 0.7 only
+# (entrypoints/openai/api_server.py:632).
+_FELL_ASLEEP = re.compile(r"It took \S+ seconds to fall asleep")
+_WOKE_UP = re.compile(r"It took \S+ seconds to wake up(?: tags (.*?))?\.?\s*$")
+_SLEEP_FREED = _fact(
+    "sleep_freed_gib", "Sleep mode freed ",
+    r"Sleep mode freed " + _NUM + r" GiB memory, " + _NUM + r" GiB memory is still in use",
+)
+_SLEEP_REQUEST = re.compile(r"sleep the engine with level (\d+)")
+_TAG = re.compile(r"'(\w+)'")
 # "Unknown vLLM environment variable detected: %s" 0.17-0.33 (vllm/envs.py, platforms/interface.py
 # :1469).
 _UNKNOWN_ENV = re.compile(r"Unknown vLLM environment variable detected: (\w+)")
@@ -528,7 +604,12 @@ class _Startup:
             log.weights_load_seconds = self.loader_seconds
         log.errors = _without_generic_duplicates(list(self.errors.values()))
         log.unparsed = list(self.unparsed)
-        log.phase = "failed" if log.errors else PHASES[self.rank]
+        if log.errors:
+            log.phase = "failed"
+        elif log.asleep:
+            log.phase = SLEEP_PHASE_BY_LEVEL.get(log.sleep_level, "sleeping")
+        else:
+            log.phase = STARTUP_PHASES[self.rank]
         log.startup_seconds = _seconds_between(log.started_at, log.ready_at)
         return log
 
@@ -727,6 +808,37 @@ def _backend_label(startup: _Startup, message: str, source: str | None) -> str |
     return None
 
 
+def _on_sleep(startup: _Startup, line: _Line) -> bool:
+    log, message = startup.log, line.message
+    if match := _SLEEP_REQUEST.search(message):
+        log.sleep_level = int(match.group(1))
+        return True
+    if _SLEEP_FREED.anchor in message:
+        if match := startup.read(_SLEEP_FREED, message):
+            log.sleep_freed_gib, log.sleep_in_use_gib = _gib(match), _gib(match, 2)
+        _fall_asleep(log, line.timestamp)
+        return True
+    if _FELL_ASLEEP.search(message):
+        _fall_asleep(log, line.timestamp)
+        return True
+    if match := _WOKE_UP.search(message):
+        woken = _TAG.findall(match.group(1) or "")
+        # No tags (0.7) or every tag that slept: fully awake. A partial wake-up leaves the rest
+        # asleep (the executor stays asleep until every tag is back).
+        log.sleeping_tags = [tag for tag in log.sleeping_tags if woken and tag not in woken]
+        if not log.sleeping_tags:
+            log.asleep, log.sleep_level, log.asleep_since = False, None, None
+        return True
+    return False
+
+
+def _fall_asleep(log: StartupLog, timestamp: str | None) -> None:
+    if not log.asleep:
+        log.asleep_since = timestamp
+    log.asleep = True
+    log.sleeping_tags = list(SLEEP_TAGS)
+
+
 def _on_env(startup: _Startup, line: _Line) -> bool:
     match = _UNKNOWN_ENV.search(line.message)
     if match is None:
@@ -761,6 +873,7 @@ _HANDLERS: tuple[Callable[[_Startup, _Line], bool], ...] = (
     _on_free_memory,
     _on_ready,
     _on_backends,
+    _on_sleep,
     _on_env,
     _on_errors,
 )

@@ -23,6 +23,15 @@ vllm/engine/metrics.py) and in V1 0.7 (vllm/v1/metrics/loggers.py: ``labelnames 
 release 0.6-0.33 are checked in tests/test_vllm_releases.py against expositions rendered from
 each release's own definitions (tests/fixtures/vllm_releases/).
 
+Sleep mode (``vllm:engine_sleep_state``, one series per ``sleep_state`` of ``awake``,
+``weights_offloaded`` and ``discard_all``, 0 or 1; vllm/v1/metrics/loggers.py:593 and
+``record_sleep_state`` at 1335 of 0.33, present from 0.11) is read as ``asleep`` and
+``sleep_level``. Speculative decoding is read from V1's counters (vllm/v1/spec_decode/metrics.py,
+``SpecDecodingProm``: drafts, draft tokens, accepted tokens, and accepted tokens per draft
+position, 0.8-0.33, only with ``--speculative-config``) and, for V0 engines (vllm/engine/metrics.py,
+0.6-0.10), from its accepted and draft token counters and its two gauges, which V0 sets to NaN
+before the first draft.
+
 Cost: one pass of line filtering, then about 5 MB/s of text in the prometheus_client parser
 (pure Python) over the lines kept, then one pass over the samples.
 """
@@ -88,6 +97,23 @@ _HISTOGRAM_NAMES: Mapping[str, tuple[str, ...]] = {
         "vllm:inter_token_latency_seconds",
         "vllm:time_per_output_token_seconds",
     ),
+}
+# vllm:engine_sleep_state: 0.11-0.33 (vllm/v1/metrics/loggers.py), one series per sleep_state.
+_SLEEP_STATE = "vllm:engine_sleep_state"
+_SLEEP_LABEL = "sleep_state"
+# Accepted tokens per draft position, one series per position "0".."k-1" (k =
+# num_speculative_tokens); 0.8-0.33 (vllm/v1/spec_decode/metrics.py).
+_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+_POSITION_LABEL = "position"
+# Series whose samples differ by one more label than model_name and engine (besides a
+# histogram's le): the name and that label.
+_LABELLED = {_SLEEP_STATE: _SLEEP_LABEL, _PER_POSITION: _POSITION_LABEL,
+             _PER_POSITION.removesuffix("_total") + "_created": _POSITION_LABEL}
+# V0's own speculative-decoding gauges (vllm/engine/metrics.py, 0.6-0.10): fractions since the
+# engine started, NaN before its first draft (vllm/spec_decode/metrics.py).
+_V0_SPEC_GAUGES: Mapping[str, str] = {
+    "spec_decode_draft_acceptance_rate": "vllm:spec_decode_draft_acceptance_rate",
+    "spec_decode_efficiency": "vllm:spec_decode_efficiency",
 }
 _CACHE_CONFIG = "vllm:cache_config_info"
 _PROCESS_START = "process_start_time_seconds"
@@ -160,6 +186,15 @@ class MetricsSnapshot:
       has one, keyed by field name; ``process_start_time_seconds`` is absent in multiprocess
       mode (``--api-server-count > 1``). Both let rate computation notice a restart.
     * ``legacy_names``: the pre-rename metric names that were read.
+    * ``asleep``: True while the engine sleeps (vLLM's sleep mode), False when it reports itself
+      awake, None when the release has no ``vllm:engine_sleep_state`` (before 0.11).
+      ``sleep_level`` while asleep: 1 (weights offloaded to host memory, KV cache discarded), 2
+      (both discarded) or 0 (scheduling paused; from 0.31 vLLM also reports a released KV cache,
+      ``/release_kv_cache_memory``, this way); None when awake or unknown.
+    * ``spec_decode_*_total``: speculative-decoding counters, None without
+      ``--speculative-config``; ``spec_decode_accepted_per_position_total`` holds one count per
+      draft position, 0 first. ``spec_decode_draft_acceptance_rate`` and
+      ``spec_decode_efficiency`` are V0's own gauges (fractions since start, None when NaN).
     """
 
     model_name: str | None
@@ -175,6 +210,11 @@ class MetricsSnapshot:
     spec_decode_drafts_total: int | None = None
     spec_decode_draft_tokens_total: int | None = None
     spec_decode_accepted_tokens_total: int | None = None
+    spec_decode_accepted_per_position_total: tuple[int, ...] | None = None
+    spec_decode_draft_acceptance_rate: float | None = None
+    spec_decode_efficiency: float | None = None
+    asleep: bool | None = None
+    sleep_level: int | None = None
     ttft: Histogram | None = None
     inter_token_latency: Histogram | None = None
     kv_cache_size_tokens: int | None = None
@@ -212,8 +252,9 @@ class MetricsSnapshot:
         for name in ("ttft", "inter_token_latency"):
             if values.get(name) is not None:
                 values[name] = Histogram.from_dict(values[name])
-        if "legacy_names" in values:
-            values["legacy_names"] = tuple(values["legacy_names"])
+        for name in ("legacy_names", "spec_decode_accepted_per_position_total"):
+            if values.get(name) is not None:
+                values[name] = tuple(values[name])
         return cls(**values)
 
 
@@ -285,6 +326,8 @@ def _wanted_series_names() -> frozenset[str]:
     for candidates in _HISTOGRAM_NAMES.values():
         for base in candidates:
             names.update(f"{base}{suffix}" for suffix in ("_bucket", "_count", "_sum", "_created"))
+    names.update((_SLEEP_STATE, _PER_POSITION, _counter_created_name(_PER_POSITION)))
+    names.update(_V0_SPEC_GAUGES.values())
     return frozenset(names)
 
 
@@ -347,7 +390,8 @@ class _SampleIndex:
                     self.engines.append(key)
 
     def _add(self, sample: _Sample, key: _EngineKey) -> None:
-        le = sample.labels.get("le") if sample.name.endswith("_bucket") else None
+        label = "le" if sample.name.endswith("_bucket") else _LABELLED.get(sample.name)
+        le = sample.labels.get(label) if label else None
         values = self._series.setdefault((sample.name, key), {})
         if le in values:
             raise MetricsParseError(
@@ -395,6 +439,17 @@ def _snapshot(index: _SampleIndex, key: _EngineKey) -> MetricsSnapshot:
             values[field_name] = _histogram(index, base, key)
             _note_created(created, field_name, index.value(f"{base}_created", key))
             _note_legacy(legacy, base, candidates)
+
+    for field_name, name in _V0_SPEC_GAUGES.items():
+        values[field_name] = _as_rate(name, index.value(name, key))
+    per_position = index.buckets(_PER_POSITION, key)
+    if per_position:
+        values["spec_decode_accepted_per_position_total"] = _per_position(per_position, key)
+        first = index.buckets(_counter_created_name(_PER_POSITION), key).get("0")
+        _note_created(created, "spec_decode_accepted_per_position_total", first)
+    sleep = index.buckets(_SLEEP_STATE, key)
+    if sleep:
+        values["asleep"], values["sleep_level"] = _sleep_state(sleep, key)
 
     cache_config = _cache_config_for(index, key)
     return MetricsSnapshot(
@@ -446,6 +501,52 @@ def _as_fraction(name: str, value: float | None) -> float | None:
             f"invalid vLLM metrics: {name} is {value!r}, not a fraction between 0 and 1"
         )
     return min(max(value, 0.0), 1.0)
+
+
+def _as_rate(name: str, value: float | None) -> float | None:
+    """A V0 gauge that is a fraction since start: None when absent or NaN (no draft yet)."""
+    if value is None or math.isnan(value):
+        return None
+    if not 0 <= value <= 1 + _KV_USAGE_SLACK:
+        raise MetricsParseError(f"invalid vLLM metrics: {name} is {value!r}, not a fraction")
+    return min(value, 1.0)
+
+
+def _per_position(series: Mapping[str | None, float], key: _EngineKey) -> tuple[int, ...]:
+    """Accepted tokens per draft position, position 0 first; vLLM creates one series for each
+    of the ``num_speculative_tokens`` positions at start, so they run 0..k-1 without a gap."""
+    where = f"{_PER_POSITION} for {_describe(key)}"
+    positions = sorted(int(p) if p is not None and p.isdecimal() else -1 for p in series)
+    if positions != list(range(len(positions))):
+        raise MetricsParseError(f"invalid vLLM metrics: {where} has positions "
+                                f"{sorted(map(str, series))}, not 0..k-1")
+    return tuple(_require_count(_PER_POSITION, series[str(p)]) for p in positions)
+
+
+def _sleep_state(series: Mapping[str | None, float], key: _EngineKey
+                 ) -> tuple[bool | None, int | None]:
+    """``(asleep, level)`` from vLLM's ``record_sleep_state`` (vllm/v1/metrics/loggers.py:1335 of
+    0.33): awake=1 while awake; asleep, awake=0 with weights_offloaded=1 at level 1,
+    discard_all=1 at level 2, neither at level 0 (and for a released KV cache, 0.31-0.33)."""
+    where = f"{_SLEEP_STATE} for {_describe(key)}"
+    flags: dict[str, bool] = {}
+    for state, value in series.items():
+        if value not in (0.0, 1.0):
+            raise MetricsParseError(f"invalid vLLM metrics: {where} {_SLEEP_LABEL}={state!r} "
+                                    f"is {value!r}, not 0 or 1")
+        flags[str(state)] = value == 1.0
+    offloaded, discarded = flags.get("weights_offloaded"), flags.get("discard_all")
+    if offloaded and discarded:
+        raise MetricsParseError(f"invalid vLLM metrics: {where} says both sleep levels at once")
+    level = 1 if offloaded else 2 if discarded else None
+    awake = flags.get("awake")
+    if awake and level is not None:
+        raise MetricsParseError(f"invalid vLLM metrics: {where} says awake and asleep at once")
+    if awake is None:
+        return (True, level) if level is not None else (None, None)
+    if awake:
+        return False, None
+    return True, 0 if level is None else level
 
 
 def _histogram(index: _SampleIndex, base: str, key: _EngineKey) -> Histogram:

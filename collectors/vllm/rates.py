@@ -67,8 +67,12 @@ class Rates:
     * ``decode_tokens_per_s``: generated tokens.
     * ``prefix_cache_hit_rate``: hits / queries, 0-1.
     * ``spec_decode_acceptance_rate``: accepted / drafted tokens, 0-1;
-      ``spec_decode_mean_acceptance_length``: 1 + accepted / drafts, as vLLM's own
-      ``SpecDecoding metrics`` log line computes it.
+      ``spec_decode_mean_acceptance_length``: 1 + accepted / drafts, the tokens one step of a
+      request yields (the bonus token included), as vLLM's own ``SpecDecoding metrics`` line
+      computes it (vllm/v1/spec_decode/metrics.py ``SpecDecodingLogging.log``, 0.33: "Mean
+      acceptance length"); ``spec_decode_position_acceptance``: accepted / drafts at each draft
+      position, position 0 first (its "Per-position acceptance rate"). None where no draft was
+      made in the interval: an engine that drafted nothing has no acceptance, not 0.
     * ``*_p50_s`` / ``*_p95_s``: quantiles in seconds of the observations made in the interval,
       interpolated within buckets as Prometheus ``histogram_quantile`` does.
     """
@@ -81,6 +85,7 @@ class Rates:
     prefix_cache_hit_rate: float | None = None
     spec_decode_acceptance_rate: float | None = None
     spec_decode_mean_acceptance_length: float | None = None
+    spec_decode_position_acceptance: tuple[float, ...] | None = None
     preemptions_per_s: float | None = None
     ttft_p50_s: float | None = None
     ttft_p95_s: float | None = None
@@ -117,6 +122,8 @@ def compute_rates(previous: Observation, current: Observation) -> Rates:
             delta.get("spec_decode_draft_tokens_total")),
         spec_decode_mean_acceptance_length=_mean_acceptance_length(
             delta.get("spec_decode_accepted_tokens_total"), delta.get("spec_decode_drafts_total")),
+        spec_decode_position_acceptance=_position_acceptance(
+            before, after, delta.get("spec_decode_drafts_total")),
         ttft_p50_s=histogram_quantile(0.5, ttft),
         ttft_p95_s=histogram_quantile(0.95, ttft),
         itl_p50_s=histogram_quantile(0.5, itl),
@@ -133,6 +140,7 @@ def restart_reason(previous: Observation, current: Observation) -> str | None:
         _process_restarted(before.process_start_time_seconds, after.process_start_time_seconds),
         _created_changed(before, after),
         _counter_went_down(before, after),
+        _positions_went_down(before, after),
         _histogram_went_down(before, after),
     ):
         if check is not None:
@@ -211,6 +219,20 @@ def _counter_went_down(before: MetricsSnapshot, after: MetricsSnapshot) -> str |
     return None
 
 
+def _positions_went_down(before: MetricsSnapshot, after: MetricsSnapshot) -> str | None:
+    earlier = before.spec_decode_accepted_per_position_total
+    later = after.spec_decode_accepted_per_position_total
+    if earlier is None or later is None:
+        return None
+    if len(earlier) != len(later):
+        return (f"speculative draft positions changed ({len(earlier)} -> {len(later)}): "
+                "num_speculative_tokens is another")
+    for position, (a, b) in enumerate(zip(earlier, later, strict=True)):
+        if b < a:
+            return f"accepted tokens at draft position {position} went down ({a} -> {b})"
+    return None
+
+
 def _histogram_went_down(before: MetricsSnapshot, after: MetricsSnapshot) -> str | None:
     for name in _HISTOGRAM_FIELDS:
         earlier, later = getattr(before, name), getattr(after, name)
@@ -256,6 +278,15 @@ def _ratio(part: int | None, whole: int | None) -> float | None:
     if part is None or whole is None or whole <= 0:
         return None
     return part / whole
+
+
+def _position_acceptance(before: MetricsSnapshot, after: MetricsSnapshot,
+                         drafts: int | None) -> tuple[float, ...] | None:
+    earlier = before.spec_decode_accepted_per_position_total
+    later = after.spec_decode_accepted_per_position_total
+    if earlier is None or later is None or drafts is None or drafts <= 0:
+        return None
+    return tuple((b - a) / drafts for a, b in zip(earlier, later, strict=True))
 
 
 def _mean_acceptance_length(accepted: int | None, drafts: int | None) -> float | None:

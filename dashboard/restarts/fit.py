@@ -57,7 +57,14 @@ class Fit:
 def engine_need(share: EngineShare) -> tuple[int | None, dict[str, int | None], tuple[str, ...]]:
     """``(need, parts, missing)``: weights + KV pool, plus CUDA graphs and the transient prefill
     need when known. Weights and KV pool are required: without them there is no need to compare
-    (an engine that never reported them cannot be pre-checked)."""
+    (an engine that never reported them cannot be pre-checked).
+
+    An engine that reports whole loaded models instead (Ollama: no weights or KV pool apart)
+    needs what its models hold now, which its next requests load again. Their size already
+    holds each model's compute graph, the buffer a prefill uses, so no prefill need is added.
+    """
+    if share.loaded_models is not None and (share.weights is None or share.kv_pool is None):
+        return share.loaded_models, {"loaded_models": share.loaded_models}, ()
     parts = {"weights": share.weights, "kv_pool": share.kv_pool,
              "cuda_graphs": share.cuda_graphs, "prefill": share.prefill_need}
     missing = tuple(f"its {name.replace('_', ' ')}" for name in ("weights", "kv_pool")
@@ -69,12 +76,13 @@ def engine_need(share: EngineShare) -> tuple[int | None, dict[str, int | None], 
 
 def engine_holds(share: EngineShare, *, running: bool) -> int | None:
     """What stopping the engine gives back: 0 when it is not running; else the larger of what it
-    reports reserving (weights + KV pool + graphs, as known) and what it is seen holding (NVML
-    per-process or cgroup). Each view misses something: on GB10 the cgroup does not see GPU
-    allocations, and the reports leave out the CUDA context and activations."""
+    reports reserving (weights + KV pool + graphs, as known; or its loaded models' sizes) and
+    what it is seen holding (NVML per-process or cgroup). Each view misses something: on GB10
+    the cgroup does not see GPU allocations, and the reports leave out the CUDA context and
+    activations."""
     if not running:
         return 0
-    reported = None
+    reported = share.loaded_models
     if share.weights is not None and share.kv_pool is not None:
         reported = share.weights + share.kv_pool + (share.cuda_graphs or 0)
     known = [value for value in (reported, share.actual) if value is not None]

@@ -22,17 +22,24 @@ written as a :class:`~dashboard.restarts.models.RestartStep` with its times, res
    it); an engine that stays down is what the restart-failed alert is for, and
    ``container_state`` says it is stopped.
 6. ``start``: start the container (audited); the startup deadline is set from here.
-7. ``follow``: poll the container, its log since this start and ``/health`` until ready; each
-   startup phase is recorded. ``failed`` when the container exits, the log reports a startup
-   error, or the deadline passes. A failed start leaves the container as it is (a slow load may
-   still finish; the admin decides), and ``container_state`` says how it is.
+7. ``follow``: poll the container, its log since this start and its health endpoint until
+   ready; each startup phase is recorded. ``failed`` when the container exits, the log reports
+   a startup error, or the deadline passes. A failed start leaves the container as it is (a
+   slow load may still finish; the admin decides), and ``container_state`` says how it is.
 8. ``record``: status, outcome, measured startup (start → ready), memory and KV capacity
    before and after, container state.
+
+Every engine kind is restarted the same way; what differs is asked of the kind's reader
+(:mod:`collectors.kinds.registry`): where it answers once it serves (``health_path``: vLLM's and
+llama.cpp's ``/health``, Ollama's ``/api/version``), how its startup log reads
+(``new_log_parser()``: the phases of this start, and of a neighbour's, which decide whether a
+neighbour is still sizing its memory), and how its requests in flight are read for the drain
+(``read()``; a kind that never reports them, Ollama, is given the whole drain timeout).
 
 The run happens on the engine's node (``run_restart_task`` on the node's queue): it reaches the
 container only through :mod:`collectors.docker_api`, host memory only through
 :mod:`collectors.procfs` and :mod:`collectors.meminfo`, the engine over HTTP through
-:mod:`sparkops.httpfetch` and :mod:`collectors.vllm.scrape`, and the page cache through
+:mod:`sparkops.httpfetch` and its kind's reader, and the page cache through
 :mod:`dashboard.restarts.pagecache`. The arithmetic of the two memory checks is in
 :mod:`dashboard.restarts.fit`; claiming, staleness and recovery in
 :mod:`dashboard.restarts.dispatch`. A run that finds its row no longer ``running`` (recovery
@@ -60,14 +67,15 @@ from collectors.docker_api import (
     start_container,
     stop_container,
 )
+from collectors.kinds.base import KindReader
+from collectors.kinds.registry import reader_for
 from collectors.ledger import engine_share
 from collectors.meminfo import MemInfo, parse_meminfo
 from collectors.models import Engine, Event
 from collectors.nodes import local_procfs
 from collectors.procfs import Procfs, ProcfsError
 from collectors.sampling import Clock, stale_after
-from collectors.vllm.logs import StartupLog, parse_startup_log
-from collectors.vllm.scrape import ScrapeError, scrape
+from collectors.vllm.scrape import ScrapeError
 from dashboard.audit.records import audit
 from dashboard.restarts.dispatch import (
     RUN_ACTION,
@@ -205,6 +213,7 @@ class _Run:
                  margin_bytes: int | None) -> None:
         self.restart = restart
         self.engine = restart.engine
+        self.reader = reader_for(self.engine.kind)
         self.node = restart.node
         self.api = api
         self.api_error = api_error
@@ -214,7 +223,8 @@ class _Run:
         self.poll = poll_seconds
         self.margin_override = margin_bytes
         self.startup_seconds: float | None = None
-        self.new_log: StartupLog | None = None
+        # This start's log as the kind's parser read it (vLLM's StartupLog or a KindStartup).
+        self.new_log: Any = None
         self._failed_seen: float | None = None
 
     # -- the sequence --------------------------------------------------------------------------
@@ -276,7 +286,8 @@ class _Run:
         with self.step("drain") as note:
             url = self.engine.metrics_url
             if not running or not url:
-                why = "not running" if not running else "no /metrics address known"
+                why = "not running" if not running else \
+                    f"no {self.reader.endpoints} address known"
                 note.done(f"{why}: nothing to drain", drained=not running)
                 return
             timeout = settings.SPARKOPS_RESTART_DRAIN_TIMEOUT_SECONDS
@@ -290,9 +301,14 @@ class _Run:
                     return
                 if waited >= timeout:
                     left = f"{busy} requests still in flight" if busy else error
-                    note.done(f"drain timeout ({timeout:.0f} s): {left}; going on",
-                              drained=False, requests_in_flight=busy,
-                              waited_seconds=round(waited, 1))
+                    told = f"drain timeout ({timeout:.0f} s): {left}; going on"
+                    if busy is None and self.reader.never_reported.get("requests"):
+                        told = (f"waited the whole drain timeout ({timeout:.0f} s) for requests "
+                                f"in flight to finish: {error}; going on")
+                    note.done(told,
+                              # Unknown (None) when the engine could not say.
+                              drained=None if busy is None else False,
+                              requests_in_flight=busy, waited_seconds=round(waited, 1))
                     return
                 self.heartbeat()
                 self.clock.sleep(min(self.poll, max(timeout - waited, 0.0)))
@@ -528,13 +544,20 @@ class _Run:
         return known[source], source
 
     def _requests_in_flight(self, url: str) -> tuple[int | None, str]:
+        """Running + waiting requests, read through the engine's kind; ``(None, why)`` when it
+        cannot say (a kind that never reports them is not read at all)."""
+        never = self.reader.never_reported.get("requests")
+        if never:
+            return None, never
         try:
-            snapshot = scrape(f"{url}/metrics", deadline=SCRAPE_DEADLINE_SECONDS)
+            reading = self.reader.read(url, deadline=SCRAPE_DEADLINE_SECONDS)
         except ScrapeError as error:
-            return None, f"/metrics: {error}"
+            return None, f"{self.reader.endpoints}: {error}"
+        snapshot = reading.snapshot
         parts = [snapshot.requests_running, snapshot.requests_waiting]
         if all(part is None for part in parts):
-            return None, "/metrics reports no request gauges"
+            return None, reading.unknown.get("requests") or \
+                f"{self.reader.endpoints} reports no request gauges"
         return sum(part or 0 for part in parts), ""
 
     def wait_for_neighbours(self) -> float:
@@ -561,36 +584,39 @@ class _Run:
         return [n.name for n in neighbours if self._neighbour_starting(n)]
 
     def _neighbour_starting(self, neighbour: Engine) -> bool:
-        """Running, not serving yet, and its log since its start has no KV cache size yet.
+        """Running, not serving yet, and its log since its start has no KV cache size yet,
+        each judged by the neighbour's own kind (its health endpoint, its log's phases).
 
-        A neighbour that answers ``/health`` is past that point, whatever its log still holds
-        (a long-running engine's startup lines can be far behind the log tail). Nothing logged
-        yet counts as starting only for a container started recently.
+        A neighbour that answers its health endpoint is past that point, whatever its log still
+        holds (a long-running engine's startup lines can be far behind the log tail). Nothing
+        logged yet counts as starting only for a container started recently.
         """
+        reader = reader_for(neighbour.kind)
         try:
             status = container_status(self.docker, neighbour.container_id)
             if not status.running or status.started_at is None:
                 return False
-            if neighbour.metrics_url and _healthy(neighbour.metrics_url):
+            if neighbour.metrics_url and _healthy(neighbour.metrics_url, reader.health_path):
                 return False
             text = container_logs_since(self.docker, neighbour.container_id, status.started_at)
         except ContainerEngineError:
             return False  # unknown: the collector reports it; not a reason to hold this start
-        phase = parse_startup_log(text).phase
+        phase = _parse_log(reader, text).phase
         if phase == "unknown":
             age = (self.clock.wall() - status.started_at).total_seconds()
             return age < settings.SPARKOPS_RESTART_MIN_DEADLINE_SECONDS
         return phase in _NOT_YET_SIZED
 
-    def _startup_log(self, started: _Started) -> StartupLog | None:
+    def _startup_log(self, started: _Started) -> Any:
+        """This start's log, read by the kind's parser; None when the logs could not be read."""
         try:
-            return parse_startup_log(container_logs_since(
+            return _parse_log(self.reader, container_logs_since(
                 self.docker, self.engine.container_id, started.container_started_at))
         except ContainerEngineError as error:
             log.warning("restart %s: %s", self.restart.pk, error)
             return None
 
-    def _startup_failure(self, status: ContainerStatus | None, startup: StartupLog | None,
+    def _startup_failure(self, status: ContainerStatus | None, startup: Any,
                          elapsed: float, started: _Started) -> str:
         """Why the start has failed ("" while it may still succeed)."""
         errors = "; ".join(e.message.rstrip(".") for e in startup.errors) if startup else ""
@@ -601,7 +627,7 @@ class _Run:
             return (f"The container exited during startup (exit code {status.exit_code}{oom}): "
                     f"{errors or 'no startup error in its log'}.")
         if startup is not None and startup.phase == "failed":
-            # vLLM exits right after logging the error: wait briefly to report its exit code.
+            # Engines exit right after logging the error: wait briefly to report the exit code.
             self._failed_seen = self._failed_seen or self.clock.mono()
             if self.clock.mono() - self._failed_seen >= EXIT_AFTER_ERROR_SECONDS:
                 return f"Startup failed, the container still runs: {errors}."
@@ -612,12 +638,14 @@ class _Run:
                     "left as it is.")
         return ""
 
-    def _ready(self, startup: StartupLog | None) -> bool:
-        """Ready when ``/health`` answers 200; without a known address, when the log says so."""
+    def _ready(self, startup: Any) -> bool:
+        """Ready when the kind's health endpoint answers 200 (vLLM's and llama.cpp's
+        ``/health``, Ollama's ``/api/version``); without a known address, when the log says
+        so."""
         url = self.engine.metrics_url
         if not url:
             return startup is not None and startup.phase == "ready"
-        return _healthy(url)
+        return _healthy(url, self.reader.health_path)
 
     def _note_phase(self, note: _StepNote, phases: list[dict[str, Any]], phase: str,
                     elapsed: float) -> None:
@@ -669,13 +697,21 @@ class _Run:
                 f"{self.restart.expected_startup_seconds} s){pool}.")
 
 
-def _healthy(base_url: str) -> bool:
-    """Does the engine's ``/health`` answer 200 now (within a short deadline)?"""
+def _healthy(base_url: str, path: str) -> bool:
+    """Does the engine's health endpoint ``path`` answer 200 now (within a short deadline)?"""
     try:
-        fetch(f"{base_url}/health", deadline=HEALTH_DEADLINE_SECONDS, max_bytes=64 * 1024)
+        fetch(f"{base_url}{path}", deadline=HEALTH_DEADLINE_SECONDS, max_bytes=64 * 1024)
     except FetchError:
         return False
     return True
+
+
+def _parse_log(reader: KindReader, text: str) -> Any:
+    """``text`` (a container's log since a start) read by ``reader``'s startup parser: the
+    last startup in it, in that kind's result type (``phase``, ``errors``, KV figures)."""
+    parser = reader.new_log_parser()
+    parser.feed(text)
+    return parser.result()
 
 
 def _first(*values: Any) -> Any:

@@ -1,10 +1,12 @@
 """Real engines for the runbook tests: the emulator in a Podman container whose *next* start can
 be told to fail or hang, the node's real ledger, and page cache to drop.
 
-The container runs ``<dir>/vllm serve …`` where ``<dir>`` is bind-mounted at the same path: a
+The container runs ``<dir>/vllm serve …`` (or ``<dir>/llama-server …``, ``<dir>/ollama serve``
+for the other kinds the emulator speaks) where ``<dir>`` is bind-mounted at the same path: a
 wrapper that appends the words of ``<dir>/next-start`` (when present) to the emulator's command
-line. Writing that file after the first start changes how the container behaves when the runbook
-starts it again, as a model or driver change would, without recreating it.
+line from its second start on. Writing that file after the first start changes how the container
+behaves when the runbook starts it again, as a model or driver change would, without recreating
+it.
 """
 
 from __future__ import annotations
@@ -30,12 +32,19 @@ from sparkops.testing.ports import free_port
 from tests.conftest import PROJECT
 from tests.containers import run_container, unique_name
 
-EMULATOR = PROJECT / "collectors" / "emulator" / "bin" / "vllm"
+BIN = PROJECT / "collectors" / "emulator" / "bin"
+# Each kind's program: the wrapper carries its name, so SparkOps finds the kind by its command.
+PROGRAMS = {"vllm": "vllm", "llamacpp": "llama-server", "ollama": "ollama"}
 MIB = 1024**2
+# The first start never reads next-start: a test writes it just after `podman run` returns,
+# while that first start may still be about to read it.
 WRAPPER = """#!/bin/sh
-# The emulator, plus this run's extra flags (set by the test for the next start).
+# The emulator, plus this run's extra flags (set by the test for the starts after the first).
 extra=""
-if [ -f "{folder}/next-start" ]; then extra=$(cat "{folder}/next-start"); fi
+if [ -f "{folder}/started" ] && [ -f "{folder}/next-start" ]; then
+  extra=$(cat "{folder}/next-start")
+fi
+touch "{folder}/started"
 exec {emulator} "$@" $extra
 """
 
@@ -50,32 +59,49 @@ class RealEngine:
     container_id: str
 
     def next_start(self, *flags: str) -> None:
-        """Extra emulator flags for the next time the container starts."""
+        """Extra emulator flags for the next time the container starts (never its first)."""
         (self.folder / "next-start").write_text(" ".join(flags))
 
     def row(self, node: Node) -> Engine:
         return Engine.objects.get(node=node, name=self.name)
 
 
-def start_engine(folder: Path, *, manage: bool = True, labels: dict[str, str] | None = None,
-                 load_seconds: float = 1.0) -> RealEngine:
-    """Start an emulated vLLM (32 MiB weights, 64 MiB pinned KV pool) that starts in ~2 s."""
+def start_engine(folder: Path, *, kind: str = "vllm", manage: bool = True,
+                 labels: dict[str, str] | None = None, load_seconds: float = 1.0) -> RealEngine:
+    """Start an emulated engine of ``kind`` that starts in ~2 s: a vLLM (32 MiB weights, 64 MiB
+    pinned KV pool), a llama-server (32 MiB weights, ``-c 8192`` at 4 KiB a cell: a 32 MiB KV
+    pool) or an Ollama server that loads one model at start (32 MiB weights, 16 MiB of KV)."""
     folder.mkdir(parents=True, exist_ok=True)
-    wrapper = folder / "vllm"
-    wrapper.write_text(WRAPPER.format(folder=folder, emulator=EMULATOR))
+    wrapper = folder / PROGRAMS[kind]
+    wrapper.write_text(WRAPPER.format(folder=folder, emulator=BIN / PROGRAMS[kind]))
     wrapper.chmod(0o755)
     name, port = unique_name("rb"), free_port()
-    all_labels = {"sparkops.engine": "vllm", **(labels or {})}
+    all_labels = {"sparkops.engine": kind, **(labels or {})}
     if manage:
         all_labels["sparkops.manage"] = "true"
-    container_id = run_container(name, [
-        str(wrapper), "serve", "nvidia/Gemma-4-26B-A4B-NVFP4", "--port", str(port),
-        "--served-model-name", "gemma", "--kv-cache-memory-bytes", "64M",
-        "--emulator-weights-bytes", "32M", "--emulator-load-seconds", str(load_seconds),
-        "--emulator-profile-seconds", "0.5", "--emulator-graph-seconds", "0.5",
-        "--emulator-stats-interval", "1",
-    ], labels=all_labels, volumes=[f"{folder}:{folder}"])
+    command, env = _launch(kind, str(wrapper), port, load_seconds)
+    container_id = run_container(name, command, labels=all_labels,
+                                 volumes=[f"{folder}:{folder}"], env=env)
     return RealEngine(name=name, port=port, folder=folder, container_id=container_id)
+
+
+def _launch(kind: str, program: str, port: int,
+            load_seconds: float) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of an emulated engine of ``kind``."""
+    load = ["--emulator-load-seconds", str(load_seconds)]
+    if kind == "llamacpp":
+        return [program, "-m", "/models/Qwen3-4B-Q4_K_M.gguf", "--port", str(port),
+                "-c", "8192", "-np", "2", "--metrics", "--emulator-weights-bytes", "32M",
+                "--emulator-kv-bytes-per-token", "4K", *load], {}
+    if kind == "ollama":
+        return [program, "serve", "--emulator-model", "qwen3:8b", "--emulator-preload",
+                "--emulator-weights-bytes", "32M", "--emulator-kv-bytes-per-token", "4K",
+                *load], {"OLLAMA_HOST": f"127.0.0.1:{port}", "OLLAMA_CONTEXT_LENGTH": "4096"}
+    return [program, "serve", "nvidia/Gemma-4-26B-A4B-NVFP4", "--port", str(port),
+            "--served-model-name", "gemma", "--kv-cache-memory-bytes", "64M",
+            "--emulator-weights-bytes", "32M", *load,
+            "--emulator-profile-seconds", "0.5", "--emulator-graph-seconds", "0.5",
+            "--emulator-stats-interval", "1"], {}
 
 
 def collect_until_ready(node: Node, api: docker.DockerClient, *names: str,

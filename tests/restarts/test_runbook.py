@@ -3,6 +3,7 @@ claiming, staleness, dispatch, recovery and refusals."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from unittest import mock
 
@@ -79,6 +80,23 @@ def test_what_a_running_engine_gives_back_is_the_larger_of_report_and_observatio
     assert engine_holds(share(actual=44), running=True) == 44 * GIB
     assert engine_holds(share(weights=None, actual=None), running=True) is None
     assert engine_holds(share(weights=None, actual=None), running=False) == 0
+
+
+def test_an_ollama_server_needs_what_its_loaded_models_hold():
+    # Ollama reports each loaded model's whole size (weights, KV cache and compute graph) and
+    # no parts: that size is its need, with no prefill buffer on top (it is in the size).
+    ollama = replace(share(weights=None, kv=None, graphs=None, prefill=2, actual=20),
+                     loaded_models=19 * GIB)
+
+    assert engine_need(ollama) == (19 * GIB, {"loaded_models": 19 * GIB}, ())
+    assert engine_holds(ollama, running=True) == 20 * GIB  # its cgroup sees a little more
+    assert engine_holds(replace(ollama, actual=None), running=True) == 19 * GIB
+    fit = precheck_fit(replace(ollama, actual=None), mem_available=GIB, running=True,
+                       margin=GIB)
+    assert fit.fits is True and fit.describe("would be free") == \
+        "needs 19.0 GiB (+ 1.0 GiB margin), 20.0 GiB would be free"
+    idle = replace(ollama, loaded_models=0)
+    assert engine_need(idle)[0] == 0  # nothing loaded: it starts into no memory of its own
 
 
 def test_precheck_fits_when_available_plus_its_own_share_covers_need_and_margin():

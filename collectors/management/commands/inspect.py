@@ -377,13 +377,14 @@ def _text_kind(text: str) -> str:
 
 
 def _url_kind(url: str) -> str:
-    """The kind answering at ``url``'s address: Ollama answers ``/api/version``, llama-server
-    ``/props``; vLLM otherwise (each probe bounded to a second)."""
+    """The kind answering at ``url``'s address: llama-swap answers ``/running``, Ollama
+    ``/api/version``, llama-server ``/props``; vLLM otherwise (each probe bounded to a second)."""
     from collectors.kinds.http import Clock, get_json
     from collectors.vllm.scrape import ScrapeError
 
     base = _base_url(url)
-    for kind, path, key in (("ollama", "/api/version", "version"),
+    for kind, path, key in (("llamaswap", "/running", "running"),
+                            ("ollama", "/api/version", "version"),
                             ("llamacpp", "/props", "total_slots"),
                             ("sglang", "/server_info", "max_total_num_tokens"),
                             ("sglang", "/get_server_info", "max_total_num_tokens"),
@@ -398,8 +399,8 @@ def _url_kind(url: str) -> str:
 
 
 def _base_url(url: str) -> str:
-    for suffix in ("/prometheus/metrics", "/metrics", "/api/ps", "/api/version", "/props",
-                   "/slots", "/server_info", "/get_server_info", "/version"):
+    for suffix in ("/running", "/prometheus/metrics", "/metrics", "/api/ps", "/api/version",
+                   "/props", "/slots", "/server_info", "/get_server_info", "/version"):
         if url.rstrip("/").endswith(suffix):
             return url.rstrip("/")[: -len(suffix)]
     return url.rstrip("/")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from collectors.kinds.registry import reader_for
 from collectors.models import Engine, Node
 from dashboard.alerting.conditions import Condition
 
@@ -86,3 +87,18 @@ class Rule:
             if spec.key == key:
                 return spec
         raise KeyError(f"rule {self.name!r} has no threshold {key!r}")
+
+
+def unknown_reason(engine: Engine, part: str) -> str | None:
+    """Why ``engine`` reports no ``part`` (``"rates"``, ``"requests"``, ``"kv_usage"``, …), in
+    its kind's words: what its last read said it could not report, else what its kind never
+    reports (``collectors.kinds``); None when the part is not known to be missing. A rule that
+    reads such a part gives an unknown value (None) with this reason, never a 0. Cost: none."""
+    said = ((engine.metrics or {}).get("unknown") or {}).get(part)
+    return said or reader_for(engine.kind).never_reported.get(part)
+
+
+def endpoints_label(engine: Engine) -> str:
+    """What ``engine``'s kind is read from, as a failed read names it: "/metrics" (vLLM),
+    "llama-server API", "Ollama API"."""
+    return reader_for(engine.kind).endpoints

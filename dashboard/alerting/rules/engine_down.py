@@ -1,5 +1,6 @@
 """Engine down: an engine's container is not running, its startup failed, or it stopped
-answering ``/metrics`` (not while it is still starting)."""
+answering what its kind is read from (vLLM's ``/metrics``, llama-server's or Ollama's API; not
+while it is still starting)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,17 @@ from typing import Any
 
 from collectors.models import Engine, Node
 from dashboard.alerting.conditions import Condition
-from dashboard.alerting.rules.base import Rule
+from dashboard.alerting.rules.base import Rule, endpoints_label
 from dashboard.restarts.models import Restart
 
-# Startup phases in which an engine does not serve /metrics yet: a scrape error then is normal.
+# Startup phases in which an engine does not answer its endpoints yet: a failed read then is
+# normal.
 STARTING_PHASES = {"starting", "loading", "profiling", "kv_allocated"}
 
 
 def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
              now: datetime) -> list[Condition]:
-    """An engine that stopped, failed, or stopped answering /metrics (not while starting).
+    """An engine that stopped, failed, or stopped answering its endpoints (not while starting).
 
     During a planned restart the engine is down on purpose: held until the restart's deadline,
     after which a still-down engine alerts as usual.
@@ -45,13 +47,15 @@ def _planned_restarts_in_progress(node: Node, now: datetime) -> set[int]:
 
 def _down_reason(engine: Engine) -> str:
     """Why ``engine`` is down, for people; empty when it is up."""
+    if engine.phase == "unloaded":  # a model its router stopped: not down (the router may be)
+        return ""
     if engine.container_state != "running":
         return f"container {engine.container_state} (exit code {engine.exit_code})"
     if engine.phase == "failed":
         errors = (engine.startup or {}).get("errors") or []
         return f"startup failed: {errors[0]['message']}" if errors else "startup failed"
     if engine.last_scrape_error and engine.phase not in STARTING_PHASES:
-        return f"/metrics: {engine.last_scrape_error}"
+        return f"{endpoints_label(engine)}: {engine.last_scrape_error}"
     return ""
 
 

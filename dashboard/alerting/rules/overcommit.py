@@ -20,8 +20,9 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
     """The engines' reservations add up to more than the node holds.
 
     A pinned engine reserves weights + KV pool + graphs; an unpinned one needs
-    ``--gpu-memory-utilization`` × MemTotal free when it starts. Unknown parts make the sum a
-    lower bound: over the total is certain, under it is unknown.
+    ``--gpu-memory-utilization`` × MemTotal free when it starts; an Ollama server holds its
+    loaded models. Unknown parts make the sum a lower bound: over the total is certain, under
+    it is unknown.
     """
     total = ledger.get("mem_total") or node.mem_total_bytes
     if not total:
@@ -40,8 +41,15 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
     )]
 
 
+# The parts of a reservation, as the ledger's engine shares name them.
+_PARTS = (("weights", "weights"), ("kv_pool", "KV pool"), ("cuda_graphs", "CUDA graphs"))
+
+
 def _reserved(ledger: dict, engines: list[Engine], total: int) -> tuple[int, list[str]]:
-    """Bytes the ledger's engines are known to reserve, and the names of those not known."""
+    """Bytes the ledger's engines are known to reserve, and those not wholly known, each with
+    what is missing ("qwen (its CUDA graphs)"): their known parts still count, so the sum stays
+    a lower bound. An engine that loads whole models on demand (Ollama) reserves what its
+    loaded models hold now."""
     by_id = {e.pk: e for e in engines}
     known, unknown = 0, []
     for share in ledger.get("engines", []):
@@ -52,10 +60,14 @@ def _reserved(ledger: dict, engines: list[Engine], total: int) -> tuple[int, lis
         pinned = (engine.config or {}).get("kv_cache_memory_bytes") is not None
         if share.get("reserved") is not None:
             known += share["reserved"]
+        elif share.get("loaded_models") is not None:
+            known += share["loaded_models"]
         elif utilization is not None and not pinned:
             known += int(utilization * total)
         else:
-            unknown.append(engine.name)
+            known += sum(share.get(key) or 0 for key, _ in _PARTS)
+            missing = [words for key, words in _PARTS if share.get(key) is None]
+            unknown.append(f"{engine.name} (its {' and '.join(missing)})")
     return known, unknown
 
 

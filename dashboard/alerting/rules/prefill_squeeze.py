@@ -1,9 +1,10 @@
 """Prefill squeeze: an engine's next prefill would not fit in the memory left on the node.
 
-A prefill grabs a transient buffer (as wide as ``--max-num-batched-tokens``) on top of what the
-engine holds; the ledger estimates or observes that need per engine. The alert names as its
-cause the ledger component that grew most in the look-back window (a neighbour's bigger KV pool,
-page cache, a process).
+A prefill grabs a transient buffer (as wide as the tokens one step computes: vLLM's
+``--max-num-batched-tokens``, llama-server's ``--ubatch-size``, Ollama's ``num_batch``) on top of
+what the engine holds; the ledger estimates or observes that need per engine. The alert names as
+its cause the ledger component that grew most in the look-back window (a neighbour's bigger KV
+pool, a model an Ollama server loaded, page cache, a process).
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ RULE = Rule(
     description=(
         "An engine's next prefill would not fit: MemAvailable (or the room in the engines' "
         "memory budget, when that is smaller) minus the transient buffer a prefill grabs "
-        "(as wide as --max-num-batched-tokens) is below the margin. The "
+        "(as wide as the tokens one step computes: --max-num-batched-tokens on vLLM) is "
+        "below the margin. The "
         "idle neighbour's prefill and concurrency slow down first, decode does not."
     ),
     for_seconds=10,
@@ -123,8 +125,9 @@ RULE = Rule(
                       "above the need, so a value hovering at the edge does not flap.",
                       maximum=1024.0),
         ThresholdSpec("lookback_minutes", "Cause look-back", 30.0, "min",
-                      "How far back a ledger change (a neighbour's bigger KV pool, page "
-                      "cache growth, a process) is named as the cause.",
+                      "How far back a ledger change (a neighbour's bigger KV pool, a model "
+                      "an Ollama server loaded, page cache growth, a process) is named as "
+                      "the cause.",
                       minimum=1.0, maximum=1440.0),
     ),
 )

@@ -1,7 +1,9 @@
 """Prefill stall: a long prompt's prefill stalls every other stream on the same engine.
 
 vLLM V1 has no concurrent partial prefill, so while a long prompt prefills the other streams'
-decode rate collapses; the rule compares it with the engine's recent rate.
+decode rate collapses; the rule compares it with the engine's recent rate. An engine whose kind
+keeps no token counters (Ollama; llama-server without ``--metrics``) has no rates: its value is
+unknown, with that reason, never "no stall".
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from collectors.models import Engine, EngineMetric, EngineSample, Node
 from dashboard.alerting.conditions import Condition
-from dashboard.alerting.rules.base import Rule, ThresholdSpec
+from dashboard.alerting.rules.base import Rule, ThresholdSpec, unknown_reason
 
 
 def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
@@ -23,8 +25,9 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
         rates = engine.rates or {}
         if engine.phase != "ready" or rates.get("restarted"):
             continue
-        baseline = _decode_baseline(engine, now)
-        decode = _recent_decode_peak(engine, now, t["min_duration_seconds"])
+        why = unknown_reason(engine, "rates")
+        baseline = None if why else _decode_baseline(engine, now)
+        decode = None if why else _recent_decode_peak(engine, now, t["min_duration_seconds"])
         prefilling = (rates.get("prefill_tokens_per_s") or 0) > 0
         if baseline is None or decode is None:
             ratio = None
@@ -33,14 +36,23 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
             # lasted, not one slow scrape.
             ratio = decode / baseline if prefilling else 1.0
         fraction = t["decode_collapse_fraction"]
+        if why:
+            summary = f"{engine.name}: whether a prefill stalls decode is unknown — {why}"
+        elif ratio is None:
+            missing = ("too few decode samples in the last 10 min for a usual rate"
+                       if baseline is None else "no decode rate sampled in the last "
+                       f"{t['min_duration_seconds']:.0f} s")
+            summary = f"{engine.name}: whether a prefill stalls decode is unknown: {missing}"
+        else:
+            summary = (f"{engine.name}: decode fell to {decode:.1f} tok/s (usually "
+                       f"{baseline:.1f}) while a prompt prefills; everyone on it stalls")
         conditions.append(Condition(
             rule=RULE.name, node_id=node.pk, engine_id=engine.pk, value=ratio,
             threshold=fraction, clear=min(1.0, fraction * 2),
-            direction="below", severity="warning",
-            summary=(f"{engine.name}: decode fell to {decode or 0:.1f} tok/s (usually "
-                     f"{baseline or 0:.1f}) while a prompt prefills; everyone on it stalls"),
+            direction="below", severity="warning", summary=summary,
             details={"engine": engine.name, "decode_tps": decode, "baseline_decode_tps": baseline,
-                     "prefill_tps": rates.get("prefill_tokens_per_s")},
+                     "prefill_tps": rates.get("prefill_tokens_per_s"),
+                     **({"unknown_because": why} if why else {})},
         ))
     return conditions
 

@@ -2,7 +2,9 @@
 
 vLLM queues a request when every slot (``--max-num-seqs``) or the KV cache is taken; the
 ``vllm:num_requests_waiting`` gauge, sampled at each scrape, tells how long the queue has been
-non-empty.
+non-empty. llama.cpp's ``llama-server`` defers a request when every slot (``--parallel``) is
+busy (``llamacpp:requests_deferred``, read as the same waiting count). Ollama reports no queue
+at all: for it the wait is unknown, with that reason, never 0.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from collectors.models import Engine, EngineMetric, EngineSample, Node
 from dashboard.alerting.conditions import Condition
-from dashboard.alerting.rules.base import Rule, ThresholdSpec
+from dashboard.alerting.rules.base import Rule, ThresholdSpec, unknown_reason
 
 
 def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
@@ -22,17 +24,43 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
     for engine in engines:
         if engine.phase != "ready":
             continue
-        waited = _seconds_waiting(engine, now)
-        slots = (engine.config or {}).get("max_num_seqs")
+        why = unknown_reason(engine, "requests")
+        waited = None if why else _seconds_waiting(engine, now)
+        slots = _slots(engine)
+        if why:
+            summary = f"{engine.name}: how long requests wait is unknown — {why}"
+        else:
+            summary = (f"{engine.name}: requests have waited for {waited or 0:.0f} s "
+                       f"(slots: {_slots_text(engine, slots)}); new users see a long first "
+                       "token")
+        # vLLM's slot count is its --max-num-seqs (its default when unset); other kinds say
+        # theirs in their own words.
+        slot_figure = {"max_num_seqs": slots} if engine.kind == "vllm" else {"slots": slots}
         conditions.append(Condition(
             rule=RULE.name, node_id=node.pk, engine_id=engine.pk, value=waited,
             threshold=t["waiting_seconds"], clear=t["waiting_seconds"] / 2, direction="above",
-            severity="warning",
-            summary=(f"{engine.name}: requests have waited for {waited or 0:.0f} s "
-                     f"(slots: {slots or 'vLLM default'}); new users see a long first token"),
-            details={"engine": engine.name, "waiting_seconds": waited, "max_num_seqs": slots},
+            severity="warning", summary=summary,
+            details={"engine": engine.name, "waiting_seconds": waited, **slot_figure,
+                     **({"unknown_because": why} if why else {})},
         ))
     return conditions
+
+
+def _slots(engine: Engine) -> int | None:
+    """The engine's slots: its launch setting, else what it reports (llama-server's
+    ``total_slots``); None when neither says."""
+    configured = (engine.config or {}).get("max_num_seqs")
+    if configured:
+        return configured
+    props = ((engine.metrics or {}).get("details") or {}).get("props") or {}
+    reported = props.get("total_slots")
+    return reported if isinstance(reported, int) and not isinstance(reported, bool) else None
+
+
+def _slots_text(engine: Engine, slots: int | None) -> str:
+    if slots:
+        return str(slots)
+    return "vLLM default" if engine.kind == "vllm" else "unknown"
 
 
 def _seconds_waiting(engine: Engine, now: datetime) -> float | None:
@@ -58,7 +86,8 @@ RULE = Rule(
     title="Queue backlog",
     description=(
         "Requests wait in an engine's queue longer than the limit before their first "
-        "token: the engine is out of slots (--max-num-seqs) or KV cache."
+        "token: the engine is out of slots (vLLM's --max-num-seqs, llama-server's --parallel) "
+        "or KV cache. Ollama reports no queue: for it the wait is unknown."
     ),
     for_seconds=30,
     evaluate=evaluate,

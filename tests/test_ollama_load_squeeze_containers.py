@@ -1,0 +1,140 @@
+"""A model that an Ollama server loads on demand squeezes the vLLM engine next to it, with real
+parts only: both emulated engines in real containers really hold their memory. Ollama reports
+no KV pool, only each loaded model's whole size (``/api/ps``); that size is a ledger component,
+so the ``prefill-squeeze`` alert for the vLLM engine names the Ollama model as its cause. The
+Ollama server stops, its model's memory comes back, and the alert resolves.
+
+The machine's own free memory decides the numbers, so the margin is set from what the ledger
+measures once both run: the vLLM engine's need sits 1 GiB inside the headroom before the model
+loads and 1 GiB beyond it after (the model takes 2 GiB), wide enough that other programs moving
+the machine's memory meanwhile do not decide the outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+from django.utils import timezone
+
+from collectors import docker_api
+from collectors.engines import collect_engines
+from collectors.hostmemory import collect_host_memory, window_figures
+from collectors.ledger import update_ledger
+from collectors.models import LedgerChange
+from collectors.procfs import Procfs
+from dashboard.alerting.models import Alert, RuleSetting
+from dashboard.alerting.pipeline import run_alerts
+from dashboard.alerting.settings import RULES
+from sparkops.testing.ports import free_port
+from tests.conftest import PROJECT
+from tests.containers import podman, run_container, unique_name
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+GIB = 1024**3
+MIB = 1024**2
+BIN = PROJECT / "collectors" / "emulator" / "bin"
+NEED = 256 * MIB  # the vLLM engine's prefill need: 8192 batched tokens × 32 KiB per token
+GAP = 1.0 * GIB
+MODEL = "qwen3:30b"
+# The model Ollama loads: 2 GiB of weights, 4,096 tokens of KV at 4 KiB, 512 tokens of compute.
+MODEL_SIZE = 2 * GIB + 4096 * 4096 + 512 * 1024
+
+
+@pytest.fixture
+def api(docker_host):
+    client = docker_api.client(docker_host)
+    yield client
+    client.close()
+
+
+def _start_vllm(name: str) -> None:
+    run_container(name, [str(BIN / "vllm"), "serve", "org/gemma-like", "--port", str(free_port()),
+                         "--kv-cache-memory-bytes", "64M", "--max-num-batched-tokens", "8192",
+                         "--emulator-weights-bytes", "32M", "--emulator-load-seconds", "0.2",
+                         "--emulator-profile-seconds", "0.2", "--emulator-graph-seconds", "0.2"],
+                  labels={"sparkops.engine": "vllm",
+                          "sparkops.prefill-bytes-per-token": str(NEED // 8192)})
+
+
+def _start_ollama(name: str, port: int) -> None:
+    # No preload: the model is loaded when a client first asks for it, and kept loaded.
+    run_container(name, [str(BIN / "ollama"), "serve", "--emulator-model", MODEL,
+                         "--emulator-weights-bytes", "2G", "--emulator-kv-bytes-per-token", "4K",
+                         "--emulator-load-seconds", "0.5"],
+                  env={"OLLAMA_HOST": f"127.0.0.1:{port}", "OLLAMA_CONTEXT_LENGTH": "4096",
+                       "OLLAMA_KEEP_ALIVE": "-1"})
+
+
+def _generate(port: int, model: str) -> None:
+    body = json.dumps({"model": model, "prompt": "Summarise this memo.", "max_tokens": 4})
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/api/generate",
+                                     data=body.encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert json.loads(response.read())["done"] is True
+
+
+class _Cycle:
+    """One collection as the beat runs it: engines, host memory and ledger, alerts."""
+
+    def __init__(self, node, api):
+        self.node, self.api = node, api
+
+    def __call__(self) -> None:
+        collect_engines(self.node, self.api, timezone.now())
+        _, window = collect_host_memory(self.node, Procfs(), duration=0.5, period=0.1)
+        update_ledger(self.node, window_figures(window), timezone.now())
+        run_alerts(self.node, timezone.now())
+        self.node.refresh_from_db()
+
+    def until(self, condition, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not reached within {timeout} s; ledger: "
+                                     f"{json.dumps(self.node.ledger)[:1200]}")
+            self()
+
+
+def _shares(node) -> dict:
+    return {s["name"]: s for s in (node.ledger or {}).get("engines", [])}
+
+
+def test_a_model_ollama_loads_is_named_as_the_cause_of_a_vllm_prefill_squeeze(node, api):
+    for rule in RULES:
+        if rule != "prefill-squeeze":
+            RuleSetting.objects.create(rule=rule, enabled=False)
+    victim, chat, port = unique_name("gemma"), unique_name("chat"), free_port()
+    _start_vllm(victim)
+    _start_ollama(chat, port)
+    cycle = _Cycle(node, api)
+    cycle.until(lambda: _shares(node).get(victim, {}).get("prefill_need")
+                and _shares(node).get(chat, {}).get("loaded_models") == 0)
+    assert _shares(node)[chat]["kv_pool"] is None  # Ollama reports none
+
+    margin_gib = (node.ledger["headroom"] - NEED - GAP) / GIB
+    RuleSetting.objects.create(rule="prefill-squeeze", for_seconds=4, thresholds={
+        "margin_gib": round(margin_gib, 3), "hysteresis_gib": 0.5})
+    for _ in range(3):
+        cycle()
+    assert not Alert.objects.exists()
+
+    _generate(port, MODEL)  # a client asks for the model: Ollama loads it, 2 GiB
+    cycle.until(lambda: Alert.objects.filter(state="firing").exists())
+
+    # (Other programs moving this machine's memory may have opened and cleared a pending one.)
+    alert = Alert.objects.get(state="firing")
+    assert alert.rule == "prefill-squeeze" and alert.engine.name == victim
+    cause = alert.details["causes"][0]
+    assert cause["label"] == f"{chat}'s loaded models ({MODEL})"
+    assert (cause["before_bytes"], cause["after_bytes"]) == (0, MODEL_SIZE)
+    assert alert.fired_cause.startswith(f"{chat}'s loaded models ({MODEL}) went 0.00 → 2.02 GiB")
+    assert MODEL in alert.summary
+
+    podman("stop", "--time", "5", chat)  # its model's memory is freed with it
+    cycle.until(lambda: Alert.objects.filter(pk=alert.pk, state="resolved").exists())
+    unloaded = LedgerChange.objects.filter(component__endswith=":loaded_models").latest("at")
+    assert (unloaded.before_bytes, unloaded.after_bytes) == (MODEL_SIZE, 0)
