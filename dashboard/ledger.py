@@ -79,7 +79,9 @@ def ledger_bar(node: Node) -> dict | None:
              "estimate_bytes": s["prefill_estimate"], "observed_bytes": s["prefill_observed"],
              "need_bytes": s["prefill_need"],
              # Why a part of an engine asleep reads as it does (collectors.vllm.sleep).
-             "sleeping": s.get("sleeping"), "notes": s.get("notes") or {}}
+             "sleeping": s.get("sleeping"), "notes": s.get("notes") or {},
+             # Ollama sizes each loaded model with the compute buffer its prefills use.
+             "need_in_model_size": s.get("loaded_models") is not None}
             for s in ledger.get("engines", [])
         ],
         "processes": [{"name": p["name"], "gib": _gib(p["rss_bytes"]), "count": p["count"]}

@@ -124,3 +124,20 @@ def test_firing_alerts_come_before_the_figures(admin_client, node):
     assert page.index('id="firing-alerts"') < page.index('id="figures"')
     assert "headroom 1.2 GiB below the floor" in page
     assert 'id="firing-alerts"' in fragment  # the live refresh brings its own copy
+
+
+def test_an_ollama_prefill_need_is_in_its_models_size_not_a_label_to_set(admin_client, node):
+    """Ollama sizes each loaded model with its compute buffer: the page does not ask for a
+    prefill label there, and says where the need is counted."""
+    chat = Engine.objects.create(node=node, name="chat", kind="ollama", container_id="chat-id",
+                                 container_state="running", phase="ready",
+                                 metrics={"details": {"size_bytes": 19 * GIB,
+                                                      "models": [{"name": "qwen3:30b"}]}})
+    figures = {"mem_total": 120 * GIB, "mem_available": 60 * GIB,
+               "mem_available_min": 59 * GIB, "page_cache_reclaimable": 4 * GIB}
+    record_changes(node, build_ledger(node, timezone.now(), figures, [chat], []), timezone.now())
+
+    page = admin_client.get("/nodes/spark-a/").content.decode()
+
+    assert "in its loaded models&#x27; size" in page or "in its loaded models' size" in page
+    assert "set sparkops.prefill-bytes-per-token" not in page

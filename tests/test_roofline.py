@@ -188,6 +188,19 @@ def test_unknown_inputs_say_what_is_missing_never_zero(node):
     assert with_config["kv_bytes_per_context_token"] == 2 * 32 * 8 * 128 * 2
 
 
+def test_a_kind_without_token_counters_is_not_measurable_rather_than_not_yet(node):
+    """Ollama keeps no token counters: its decode speed will never be measured, and the page
+    says so with the reason instead of promising a measurement."""
+    engine = _engine(node, model="meta-llama/Llama-3.1-8B-Instruct")
+    engine.metrics = {"unknown": {"rates": "Ollama has no /metrics: it keeps no token counters"}}
+
+    roofline = _roofline(engine)
+
+    assert roofline["measured_text"] == ("not measurable: Ollama has no /metrics: it keeps no "
+                                         "token counters")
+    assert NOT_MEASURED not in roofline["missing"]
+
+
 def test_a_lone_request_still_prefilling_is_not_a_decode_measurement(node):
     engine = _engine(node)
     now = timezone.now()

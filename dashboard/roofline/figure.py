@@ -106,8 +106,12 @@ def engine_roofline(engine: Engine, now: datetime, *, bandwidth_gbps: float,
                                                 .get("kv_cache_dtype"))
     missing = [text for text in (active.missing if active.value is None else "",
                                  width.missing if width.value is None else "") if text]
+    # A kind that keeps no token counters (Ollama, trtllm-serve without Prometheus, …) will
+    # never give a single-stream moment: say why instead of "not measured yet".
+    no_rates = ((engine.metrics or {}).get("unknown") or {}).get("rates")
+    not_measured = f"not measurable: {no_rates}" if no_rates else NOT_MEASURED
     if measured.tps is None:
-        missing.append(NOT_MEASURED)
+        missing.append(not_measured)
     return _with_texts({
         "bandwidth_gbps": bandwidth_gbps,
         "active_params": asdict(active),
@@ -126,6 +130,7 @@ def engine_roofline(engine: Engine, now: datetime, *, bandwidth_gbps: float,
         else None,
         "config_note": config_note,
         "missing": missing,
+        "not_measured_text": not_measured,
     })
 
 
@@ -138,7 +143,7 @@ def _with_texts(figure: dict) -> dict:
     figure["bytes_per_token_text"] = UNKNOWN if per_token is None else f"{per_token / 1e9:.2f} GB"
     figure["ceiling_text"] = tps_text(figure["ceiling_tps"])
     figure["measured_text"] = tps_text(figure["measured_tps"]) \
-        if figure["measured_tps"] is not None else NOT_MEASURED
+        if figure["measured_tps"] is not None else figure["not_measured_text"]
     ratio = figure["ratio"]
     figure["ratio_text"] = UNKNOWN if ratio is None else f"{ratio:.2f}"
     figure["share_text"] = "" if ratio is None else f"{ratio:.0%} of the ceiling"
