@@ -535,8 +535,12 @@ class _Run:
         if ledger_value is not None and ledger.get("at"):
             age = self.clock.wall() - datetime.fromisoformat(ledger["at"])
             fresh = age.total_seconds() <= stale_after(settings.SPARKOPS_COLLECT_INTERVAL)
+        # The ledger's headroom is the interval's minimum, and the memory budget's room where
+        # that is smaller (collectors.ledger); say which.
+        ledger_name = ("ledger interval minimum (memory budget's room)"
+                       if ledger.get("headroom_source") == "budget" else "ledger interval minimum")
         candidates = {"MemAvailable now": now_value,
-                      "ledger interval minimum": ledger_value if fresh else None}
+                      ledger_name: ledger_value if fresh else None}
         known = {name: value for name, value in candidates.items() if value is not None}
         if not known:
             return None, "unknown"
