@@ -17,9 +17,14 @@ from collectors.procfs import Procfs
 from sparkops.testing.ports import free_port, wait_for_port
 from sparkops.testing.postgres import pg_bin, postgres_server
 
-# Shared fixtures that live in their own harness modules: a real browser, a real container engine.
+# Shared fixtures that live in their own harness modules: a real browser, a real container engine
+# and memory budgets for its containers.
 from tests.browser import browser, page  # noqa: E402,F401
-from tests.containers import docker_host, remove_started_containers  # noqa: E402,F401
+from tests.containers import (  # noqa: E402,F401
+    docker_host,
+    memory_budget,
+    remove_started_containers,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PROJECT = Path(__file__).resolve().parent.parent

@@ -6,6 +6,13 @@ nothing is written back) with host networking, since no image registry is reacha
 accepts (the default crun runtime fails with "cgroups in hybrid mode not supported"). The
 Podman is a :class:`collectors.podman.PrivatePodman`: all of its state lives in one folder of
 this run, removed by path at the end, after killing anything its containers left running.
+
+A test whose verdict hangs on free memory runs its engines in a memory budget of its own
+(:func:`memory_budget`): a memory cgroup that its containers get as their cgroup parent, and
+that its collection cycles read (``SPARKOPS_MEMORY_BUDGET_CGROUP``), as an admin confines the
+engines of a GB10. The headroom SparkOps judges is then the budget's room, which only the
+test's engines move: other programs allocating and freeing memory on the machine meanwhile
+(other tests, other jobs) neither move the verdict nor can be named as its cause.
 """
 
 from __future__ import annotations
@@ -15,12 +22,21 @@ import shutil
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from collectors.podman import LeftoverError, PodmanError, PrivatePodman
+from sparkops.demo.budget import (
+    CGROUP_ROOT,
+    PROGRAM_BYTES_PER_ENGINE,
+    BudgetUnavailable,
+    DemoBudget,
+    create_budget,
+    remove_budget,
+)
+from sparkops.units import GIB
 
 PROJECT = Path(__file__).resolve().parent.parent
 # Podman state of this test run's own (storage, temp directory, volumes, networks): containers of
@@ -70,11 +86,16 @@ def unique_name(prefix: str) -> str:
 
 def run_container(name: str, command: list[str], *, labels: dict[str, str] | None = None,
                   volumes: list[str] | None = None, env: dict[str, str] | None = None,
-                  private: PrivatePodman = SESSION_PODMAN) -> str:
-    """Create and start a container running ``command`` from the host file system; its id."""
+                  private: PrivatePodman = SESSION_PODMAN, cgroup_parent: str | None = None
+                  ) -> str:
+    """Create and start a container running ``command`` from the host file system; its id.
+    With ``cgroup_parent`` (a :func:`memory_budget`'s ``parent``) its cgroups are made below
+    that one, so that the budget's limit covers its memory."""
     argv = [*private.argv, "run", "--detach", "--name", name, "--label", TEST_LABEL,
             "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
             "--network", "host", "--workdir", str(PROJECT)]
+    if cgroup_parent:
+        argv += ["--cgroup-parent", cgroup_parent]
     for key, value in (labels or {}).items():
         argv += ["--label", f"{key}={value}"]
     for volume in volumes or []:
@@ -102,3 +123,49 @@ def podman(*args: str, timeout: float = 60) -> str:
     if result.returncode != 0:
         raise RuntimeError(f"podman {' '.join(args)} failed: {result.stderr.strip()}")
     return result.stdout.strip()
+
+
+@pytest.fixture
+def memory_budget(settings) -> Iterator[Callable[..., DemoBudget]]:
+    """Make a memory budget for the test's engines: ``memory_budget(engines, programs=n)``
+    creates a private memory cgroup (:func:`sparkops.demo.budget.create_budget`) whose limit is
+    ``engines`` bytes (what the test's engines hold at their largest, with the prefill buffers
+    and gaps it reasons about) plus what ``n`` engine programs hold besides their reservations,
+    points this test's collections at it (``SPARKOPS_MEMORY_BUDGET_CGROUP``, read by
+    :func:`collectors.hostmemory.configured_budget`) and returns it: ``parent`` is for
+    :func:`run_container`'s ``cgroup_parent``, ``path`` what SparkOps reads.
+
+    When the test ends, its containers are removed first (a cgroup with processes in it cannot
+    be removed), then the budget's cgroups in every hierarchy; anything left under
+    ``/sys/fs/cgroup`` fails the test. Where the memory controller cannot be written the test
+    fails with the reason: the suite runs as root, where it can be.
+    """
+    made: list[DemoBudget] = []
+
+    def make(engines: int, *, programs: int) -> DemoBudget:
+        limit = engines + programs * PROGRAM_BYTES_PER_ENGINE
+        try:
+            budget = create_budget(unique_name("sparkops-test"), limit)
+        except BudgetUnavailable as why:
+            pytest.fail(f"this test's memory budget ({limit / GIB:.2f} GiB) cannot be made: "
+                        f"{why}")
+        made.append(budget)
+        settings.SPARKOPS_MEMORY_BUDGET_CGROUP = str(budget.path)
+        return budget
+
+    yield make
+    remove_started_containers()
+    left = [text for budget in made for text in remove_budget(budget.name)]
+    left += [str(path) for budget in made
+             for path in [*CGROUP_ROOT.glob(budget.name), *CGROUP_ROOT.glob(f"*/{budget.name}")]]
+    assert not left, f"the memory budget's cgroups are still there: {', '.join(left)}"
+
+
+def budget_squeeze_margin_gib(ledger: dict, need: int, gap: float) -> float:
+    """The ``prefill-squeeze`` margin (GiB) that leaves a victim's prefill ``need`` ``gap``
+    bytes inside the room the ledger measures now, which must be the memory budget's: the
+    budget bounds the headroom and every engine runs inside it (otherwise the host's memory,
+    which other programs move, would decide the verdict)."""
+    assert ledger["headroom_source"] == "budget", ledger
+    assert all(share["in_budget"] for share in ledger["engines"]), ledger["engines"]
+    return round((ledger["budget_headroom"] - need - gap) / GIB, 3)

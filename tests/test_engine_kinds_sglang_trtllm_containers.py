@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from collectors import docker_api
 from collectors.engines import collect_engines
-from collectors.hostmemory import collect_host_memory, window_figures
+from collectors.hostmemory import collect_host_memory, configured_budget, window_figures
 from collectors.ledger import update_ledger
 from collectors.models import Engine, EngineMetric, EngineSample, Event
 from collectors.procfs import Procfs
@@ -26,7 +26,7 @@ from dashboard.alerting.pipeline import run_alerts
 from dashboard.alerting.settings import RULES
 from sparkops.testing.ports import free_port
 from tests.conftest import PROJECT
-from tests.containers import podman, run_container, unique_name
+from tests.containers import budget_squeeze_margin_gib, podman, run_container, unique_name
 from tests.scrape import faultserver
 from tests.scrape.faultserver import FaultServer
 
@@ -198,20 +198,27 @@ def test_faulty_endpoints_fail_the_read_and_commit_nothing(node, api, kind, resp
 NEED = 256 * MIB  # the victim's prefill need: --max_num_tokens 512 × 512 KiB per token
 SMALL, BIG = 4096, 266240  # --max-total-tokens × 16 KiB: 64 MiB, then 4,160 MiB
 # The victim's need sits 2 GiB inside the headroom before the cause grows by 4 GiB and 2 GiB
-# beyond it after: wide enough that other programs moving this machine's memory meanwhile do
-# not decide the outcome.
+# beyond it after. The headroom is the room in a memory budget of the test's own
+# (``tests.containers.memory_budget``), which only the two engines move: other programs
+# allocating and freeing memory on the machine meanwhile do not decide the outcome.
 GAP = 2.0 * GIB
+# The budget: both engines at their largest (32 MiB of weights each, the victim's KV pool at
+# the emulator's 256 MiB cap for a memory fraction, the cause's 4,160 MiB), the victim's
+# prefill buffer and the gap; their programs are counted by the fixture.
+BUDGET = 2 * 32 * MIB + 256 * MIB + 4160 * MIB + NEED + int(GAP)
 
 
 class _Cycle:
-    """One collection as the beat runs it: engines, host memory and ledger, alerts."""
+    """One collection as the beat runs it: engines, host memory (and the memory budget) and
+    ledger, alerts."""
 
     def __init__(self, node, api):
         self.node, self.api = node, api
 
     def __call__(self) -> None:
         collect_engines(self.node, self.api, timezone.now())
-        _, window = collect_host_memory(self.node, Procfs(), duration=0.5, period=0.1)
+        _, window = collect_host_memory(self.node, Procfs(), duration=0.5, period=0.1,
+                                        budget=configured_budget())
         update_ledger(self.node, window_figures(window), timezone.now())
         run_alerts(self.node, timezone.now())
         self.node.refresh_from_db()
@@ -229,30 +236,34 @@ def _pools(node) -> dict:
     return {s["name"]: s for s in (node.ledger or {}).get("engines", [])}
 
 
-def test_sglang_growth_squeezes_trtllm_prefill_and_resolves(node, api):
+def test_sglang_growth_squeezes_trtllm_prefill_and_resolves(node, api, memory_budget):
     for rule in RULES:
         if rule != "prefill-squeeze":
             RuleSetting.objects.create(rule=rule, enabled=False)
+    budget = memory_budget(BUDGET, programs=2)
     victim, cause = unique_name("trt"), unique_name("sgl")
     cause_port = free_port()
     run_container(victim, _trtllm(free_port(), "--max_num_tokens", "512"),
-                  labels={"sparkops.prefill-bytes-per-token": str(NEED // 512)})
-    run_container(cause, _sglang(cause_port, SMALL, "--enable-metrics"))
+                  labels={"sparkops.prefill-bytes-per-token": str(NEED // 512)},
+                  cgroup_parent=budget.parent)
+    run_container(cause, _sglang(cause_port, SMALL, "--enable-metrics"),
+                  cgroup_parent=budget.parent)
     cycle = _Cycle(node, api)
     cycle.until(lambda: _pools(node).get(cause, {}).get("kv_pool")
                 and _pools(node).get(victim, {}).get("prefill_need"))
     assert _pools(node)[victim]["prefill_need"] == NEED
     assert _pools(node)[cause]["kv_pool"] == 64 * MIB
 
-    margin_gib = (node.ledger["headroom"] - NEED - GAP) / GIB
+    margin_gib = budget_squeeze_margin_gib(node.ledger, NEED, GAP)
     RuleSetting.objects.create(rule="prefill-squeeze", for_seconds=4, thresholds={
-        "margin_gib": round(margin_gib, 3), "hysteresis_gib": 0.5})
+        "margin_gib": margin_gib, "hysteresis_gib": 0.5})
     for _ in range(3):
         cycle()
     assert not Alert.objects.exists()
 
     podman("rm", "--force", "--time", "0", cause)  # recreated with a bigger pool
-    run_container(cause, _sglang(cause_port, BIG, "--enable-metrics"))
+    run_container(cause, _sglang(cause_port, BIG, "--enable-metrics"),
+                  cgroup_parent=budget.parent)
     cycle.until(lambda: Alert.objects.filter(state="firing").exists())
     alert = Alert.objects.get()
     assert alert.rule == "prefill-squeeze" and alert.engine.name == victim
@@ -262,6 +273,7 @@ def test_sglang_growth_squeezes_trtllm_prefill_and_resolves(node, api):
     assert (first_cause["before_bytes"], first_cause["after_bytes"]) == (64 * MIB, 4160 * MIB)
 
     podman("rm", "--force", "--time", "0", cause)  # back to its old size
-    run_container(cause, _sglang(cause_port, SMALL, "--enable-metrics"))
+    run_container(cause, _sglang(cause_port, SMALL, "--enable-metrics"),
+                  cgroup_parent=budget.parent)
     cycle.until(lambda: Alert.objects.filter(state="resolved").exists())
     assert Engine.objects.get(node=node, name=cause).kind == "sglang"

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from collectors import docker_api
 from collectors.engines import collect_engines
-from collectors.hostmemory import collect_host_memory, window_figures
+from collectors.hostmemory import collect_host_memory, configured_budget, window_figures
 from collectors.ledger import update_ledger
 from collectors.models import Engine, EngineMetric, EngineSample
 from collectors.procfs import Procfs
@@ -27,7 +27,7 @@ from dashboard.alerting.pipeline import run_alerts
 from dashboard.alerting.settings import RULES
 from sparkops.testing.ports import free_port
 from tests.conftest import PROJECT
-from tests.containers import podman, run_container, unique_name
+from tests.containers import budget_squeeze_margin_gib, podman, run_container, unique_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 MIB = 1024**2
@@ -41,7 +41,8 @@ def _model_cmd(port: int, model: str, *extra: str) -> str:
             "--emulator-load-seconds 0.3 " + " ".join(extra)).strip()
 
 
-def _start_router(tmp_path, ttl_of_gemma: int = 3) -> tuple[str, int, int]:
+def _start_router(tmp_path, ttl_of_gemma: int = 3,
+                  cgroup_parent: str | None = None) -> tuple[str, int, int]:
     port, qwen_port, gemma_port = free_port(), free_port(), free_port()
     config = tmp_path / "llama-swap.json"
     config.write_text(json.dumps({"models": {
@@ -52,7 +53,7 @@ def _start_router(tmp_path, ttl_of_gemma: int = 3) -> tuple[str, int, int]:
     }}))
     name = unique_name("swap")
     run_container(name, [str(BIN / "llama-swap"), "-config", str(config),
-                         "-listen", f"127.0.0.1:{port}"])
+                         "-listen", f"127.0.0.1:{port}"], cgroup_parent=cgroup_parent)
     return name, port, gemma_port
 
 
@@ -64,7 +65,8 @@ def api(docker_host):
 
 
 class _Cycle:
-    """One collection as the beat runs it: engines, host memory and ledger, alerts."""
+    """One collection as the beat runs it: engines, host memory (and the memory budget, when
+    the test runs its engines in one) and ledger, alerts."""
 
     def __init__(self, node, api):
         self.node, self.api = node, api
@@ -72,7 +74,8 @@ class _Cycle:
 
     def __call__(self) -> None:
         self.engines = {e.name: e for e in collect_engines(self.node, self.api, timezone.now())}
-        _, window = collect_host_memory(self.node, Procfs(), duration=0.3, period=0.1)
+        _, window = collect_host_memory(self.node, Procfs(), duration=0.3, period=0.1,
+                                        budget=configured_budget())
         update_ledger(self.node, window_figures(window), timezone.now())
         run_alerts(self.node, timezone.now())
         self.node.refresh_from_db()
@@ -158,23 +161,35 @@ def test_a_routers_models_are_adopted_and_a_ttl_unloads_one(node, api, tmp_path)
 
 
 NEED = 256 * MIB  # the adopted model's prefill need: 512 batched tokens × 512 KiB per token
+# The victim's need sits 2 GiB inside the headroom before the cause grows by 4 GiB and 2 GiB
+# beyond it after. The headroom is the room in a memory budget of the test's own
+# (``tests.containers.memory_budget``), which only the router's models and the cause move:
+# other programs allocating and freeing memory on the machine meanwhile do not decide the
+# outcome.
 GAP = 2.0 * GIB
+# The budget: every model at its largest (qwen and gemma 48 MiB of weights and 16 MiB of KV
+# each, should a request start gemma too; the cause 32 MiB and 4,160 MiB), the victim's prefill
+# buffer and the gap; the programs (router, its two models, the cause) are counted by the
+# fixture.
+BUDGET = 2 * (48 + 16) * MIB + (32 + 4160) * MIB + NEED + int(GAP)
 
 
-def _start_cause(name: str, port: int, ctx: str) -> None:
+def _start_cause(name: str, port: int, ctx: str, cgroup_parent: str) -> None:
     run_container(name, [str(BIN / "llama-server"), "-m", "/models/neighbour.gguf", "--port",
                          str(port), "-c", ctx, "--emulator-weights-bytes", "32M",
                          "--emulator-kv-bytes-per-token", "16K", "--emulator-load-seconds",
-                         "0.3"])
+                         "0.3"], cgroup_parent=cgroup_parent)
 
 
-def test_a_neighbours_growth_squeezes_an_adopted_models_prefill(node, api, tmp_path):
+def test_a_neighbours_growth_squeezes_an_adopted_models_prefill(node, api, tmp_path,
+                                                                 memory_budget):
     for rule in RULES:
         if rule != "prefill-squeeze":
             RuleSetting.objects.create(rule=rule, enabled=False)
-    router, port, _ = _start_router(tmp_path)
+    budget = memory_budget(BUDGET, programs=4)
+    router, port, _ = _start_router(tmp_path, cgroup_parent=budget.parent)
     victim, cause, cause_port = f"{router}/qwen", unique_name("neighbour"), free_port()
-    _start_cause(cause, cause_port, "4096")
+    _start_cause(cause, cause_port, "4096", budget.parent)
     cycle = _Cycle(node, api)
     cycle.until(lambda found: victim in found and cause in found)
     _wake(port, "qwen")
@@ -185,20 +200,21 @@ def test_a_neighbours_growth_squeezes_an_adopted_models_prefill(node, api, tmp_p
                 and _shares(node).get(cause, {}).get("kv_pool"))
     assert _shares(node)[victim]["prefill_need"] == NEED
 
-    margin_gib = (node.ledger["headroom"] - NEED - GAP) / GIB
+    margin_gib = budget_squeeze_margin_gib(node.ledger, NEED, GAP)
     RuleSetting.objects.create(rule="prefill-squeeze", for_seconds=2, thresholds={
-        "margin_gib": round(margin_gib, 3), "hysteresis_gib": 0.5})
+        "margin_gib": margin_gib, "hysteresis_gib": 0.5})
     for _ in range(2):
         cycle()
     assert not Alert.objects.exists()
 
     podman("rm", "--force", "--time", "0", cause)  # recreated with a 4 GiB bigger KV cache
-    _start_cause(cause, cause_port, "266240")
+    _start_cause(cause, cause_port, "266240", budget.parent)
     cycle.until(lambda found: Alert.objects.filter(state="firing").exists())
     alert = Alert.objects.get()
     assert alert.rule == "prefill-squeeze" and alert.engine.name == victim
     assert alert.details["causes"][0]["label"] == f"{cause}'s KV pool"
 
     podman("rm", "--force", "--time", "0", cause)
-    _start_cause(cause, cause_port, "4096")
+    _start_cause(cause, cause_port, "4096", budget.parent)
     cycle.until(lambda found: Alert.objects.filter(state="resolved").exists())
+    assert Alert.objects.count() == 1  # no other alert, pending or fired, on the way

@@ -4,10 +4,11 @@ no KV pool, only each loaded model's whole size (``/api/ps``); that size is a le
 so the ``prefill-squeeze`` alert for the vLLM engine names the Ollama model as its cause. The
 Ollama server stops, its model's memory comes back, and the alert resolves.
 
-The machine's own free memory decides the numbers, so the margin is set from what the ledger
-measures once both run: the vLLM engine's need sits 1 GiB inside the headroom before the model
-loads and 1 GiB beyond it after (the model takes 2 GiB), wide enough that other programs moving
-the machine's memory meanwhile do not decide the outcome.
+Both run in a memory budget of the test's own (``tests.containers.memory_budget``), so the
+headroom is the budget's room, which only they move: other programs allocating and freeing
+memory on the machine meanwhile neither open an alert of their own nor are named as the cause.
+The margin is set from the budget's room once both run: the vLLM engine's need sits 1 GiB inside
+it before the model loads and 1 GiB beyond it after (the model takes 2 GiB).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from django.utils import timezone
 
 from collectors import docker_api
 from collectors.engines import collect_engines
-from collectors.hostmemory import collect_host_memory, window_figures
+from collectors.hostmemory import collect_host_memory, configured_budget, window_figures
 from collectors.ledger import update_ledger
 from collectors.models import LedgerChange
 from collectors.procfs import Procfs
@@ -30,7 +31,7 @@ from dashboard.alerting.pipeline import run_alerts
 from dashboard.alerting.settings import RULES
 from sparkops.testing.ports import free_port
 from tests.conftest import PROJECT
-from tests.containers import podman, run_container, unique_name
+from tests.containers import budget_squeeze_margin_gib, podman, run_container, unique_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 GIB = 1024**3
@@ -41,6 +42,9 @@ GAP = 1.0 * GIB
 MODEL = "qwen3:30b"
 # The model Ollama loads: 2 GiB of weights, 4,096 tokens of KV at 4 KiB, 512 tokens of compute.
 MODEL_SIZE = 2 * GIB + 4096 * 4096 + 512 * 1024
+# The budget: the vLLM engine (32 MiB of weights, a 64 MiB pool), the loaded model, the vLLM
+# engine's prefill buffer and the gap; their programs are counted by the fixture.
+BUDGET = 32 * MIB + 64 * MIB + MODEL_SIZE + NEED + int(GAP)
 
 
 @pytest.fixture
@@ -50,22 +54,24 @@ def api(docker_host):
     client.close()
 
 
-def _start_vllm(name: str) -> None:
+def _start_vllm(name: str, cgroup_parent: str) -> None:
     run_container(name, [str(BIN / "vllm"), "serve", "org/gemma-like", "--port", str(free_port()),
                          "--kv-cache-memory-bytes", "64M", "--max-num-batched-tokens", "8192",
                          "--emulator-weights-bytes", "32M", "--emulator-load-seconds", "0.2",
                          "--emulator-profile-seconds", "0.2", "--emulator-graph-seconds", "0.2"],
                   labels={"sparkops.engine": "vllm",
-                          "sparkops.prefill-bytes-per-token": str(NEED // 8192)})
+                          "sparkops.prefill-bytes-per-token": str(NEED // 8192)},
+                  cgroup_parent=cgroup_parent)
 
 
-def _start_ollama(name: str, port: int) -> None:
+def _start_ollama(name: str, port: int, cgroup_parent: str) -> None:
     # No preload: the model is loaded when a client first asks for it, and kept loaded.
     run_container(name, [str(BIN / "ollama"), "serve", "--emulator-model", MODEL,
                          "--emulator-weights-bytes", "2G", "--emulator-kv-bytes-per-token", "4K",
                          "--emulator-load-seconds", "0.5"],
                   env={"OLLAMA_HOST": f"127.0.0.1:{port}", "OLLAMA_CONTEXT_LENGTH": "4096",
-                       "OLLAMA_KEEP_ALIVE": "-1"})
+                       "OLLAMA_KEEP_ALIVE": "-1"},
+                  cgroup_parent=cgroup_parent)
 
 
 def _generate(port: int, model: str) -> None:
@@ -78,14 +84,16 @@ def _generate(port: int, model: str) -> None:
 
 
 class _Cycle:
-    """One collection as the beat runs it: engines, host memory and ledger, alerts."""
+    """One collection as the beat runs it: engines, host memory (and the memory budget) and
+    ledger, alerts."""
 
     def __init__(self, node, api):
         self.node, self.api = node, api
 
     def __call__(self) -> None:
         collect_engines(self.node, self.api, timezone.now())
-        _, window = collect_host_memory(self.node, Procfs(), duration=0.5, period=0.1)
+        _, window = collect_host_memory(self.node, Procfs(), duration=0.5, period=0.1,
+                                        budget=configured_budget())
         update_ledger(self.node, window_figures(window), timezone.now())
         run_alerts(self.node, timezone.now())
         self.node.refresh_from_db()
@@ -103,30 +111,30 @@ def _shares(node) -> dict:
     return {s["name"]: s for s in (node.ledger or {}).get("engines", [])}
 
 
-def test_a_model_ollama_loads_is_named_as_the_cause_of_a_vllm_prefill_squeeze(node, api):
+def test_a_model_ollama_loads_is_named_as_the_cause_of_a_vllm_prefill_squeeze(
+        node, api, memory_budget):
     for rule in RULES:
         if rule != "prefill-squeeze":
             RuleSetting.objects.create(rule=rule, enabled=False)
+    budget = memory_budget(BUDGET, programs=2)
     victim, chat, port = unique_name("gemma"), unique_name("chat"), free_port()
-    _start_vllm(victim)
-    _start_ollama(chat, port)
+    _start_vllm(victim, budget.parent)
+    _start_ollama(chat, port, budget.parent)
     cycle = _Cycle(node, api)
     cycle.until(lambda: _shares(node).get(victim, {}).get("prefill_need")
                 and _shares(node).get(chat, {}).get("loaded_models") == 0)
     assert _shares(node)[chat]["kv_pool"] is None  # Ollama reports none
 
-    margin_gib = (node.ledger["headroom"] - NEED - GAP) / GIB
+    margin_gib = budget_squeeze_margin_gib(node.ledger, NEED, GAP)
     RuleSetting.objects.create(rule="prefill-squeeze", for_seconds=4, thresholds={
-        "margin_gib": round(margin_gib, 3), "hysteresis_gib": 0.5})
+        "margin_gib": margin_gib, "hysteresis_gib": 0.5})
     for _ in range(3):
         cycle()
     assert not Alert.objects.exists()
 
     _generate(port, MODEL)  # a client asks for the model: Ollama loads it, 2 GiB
     cycle.until(lambda: Alert.objects.filter(state="firing").exists())
-
-    # (Other programs moving this machine's memory may have opened and cleared a pending one.)
-    alert = Alert.objects.get(state="firing")
+    alert = Alert.objects.get()
     assert alert.rule == "prefill-squeeze" and alert.engine.name == victim
     cause = alert.details["causes"][0]
     assert cause["label"] == f"{chat}'s loaded models ({MODEL})"

@@ -6,10 +6,11 @@ next prefill falls below that need: one ``prefill-squeeze`` alert fires naming A
 B's growth as the cause, and is delivered once to a real SMTP server and once to a real webhook
 receiver that verifies its signature. B shrinks back: one resolved notification on each.
 
-The machine's own free memory decides the numbers, so the margin is set from what the ledger
-measures once both engines run: A's need sits 1 GiB inside the headroom before B grows and
-1 GiB beyond it after (B grows by 2 GiB), wide enough that other programs moving the machine's
-memory meanwhile do not decide the outcome.
+The engines run in a memory budget of the test's own (``tests.containers.memory_budget``), so
+the headroom is the budget's room, which only they move: other programs allocating and freeing
+memory on the machine meanwhile neither fire a second alert nor are named as the cause. The
+margin is set from the budget's room once both engines run: A's need sits 1 GiB inside it
+before B grows and 1 GiB beyond it after (B grows by 2 GiB).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from django.utils import timezone
 
 from collectors import docker_api
 from collectors.engines import collect_engines
-from collectors.hostmemory import collect_host_memory, window_figures
+from collectors.hostmemory import collect_host_memory, configured_budget, window_figures
 from collectors.ledger import update_ledger
 from collectors.procfs import Procfs
 from dashboard.alerting.models import Alert, RuleSetting
@@ -33,7 +34,7 @@ from dashboard.notify.outbox import deliver_due
 from sparkops.testing.ports import free_port
 from sparkops.testing.webhooks import WebhookReceiver
 from tests.conftest import PROJECT
-from tests.containers import podman, run_container, unique_name
+from tests.containers import budget_squeeze_margin_gib, podman, run_container, unique_name
 from tests.notify.servers import ScriptedSMTPHandler, smtp_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
@@ -43,6 +44,9 @@ VLLM = str(PROJECT / "collectors" / "emulator" / "bin" / "vllm")
 NEED = 256 * MIB  # A's prefill need: 8192 batched tokens × 32 KiB per token
 SMALL_POOL, BIG_POOL = "64M", "2112M"  # B grows by 2 GiB
 GAP = 1.0 * GIB
+# The budget: both engines at their largest (32 MiB of weights each, A's 64 MiB pool, B's
+# 2,112 MiB), A's prefill buffer and the gap; their programs are counted by the fixture.
+BUDGET = 2 * 32 * MIB + 64 * MIB + 2112 * MIB + NEED + int(GAP)
 
 
 def _engine_command(port: int, model: str, kv: str) -> list[str]:
@@ -52,20 +56,22 @@ def _engine_command(port: int, model: str, kv: str) -> list[str]:
             "--emulator-graph-seconds", "0.2"]
 
 
-def _start_b(name: str, port: int, kv: str) -> None:
+def _start_b(name: str, port: int, kv: str, cgroup_parent: str) -> None:
     run_container(name, _engine_command(port, "org/neighbour-8b", kv),
-                  labels={"sparkops.engine": "vllm"})
+                  labels={"sparkops.engine": "vllm"}, cgroup_parent=cgroup_parent)
 
 
 class Node:
-    """One collection cycle, as the beat runs it: engines, host memory + ledger, alerts, mail."""
+    """One collection cycle, as the beat runs it: engines, host memory (and the memory budget)
+    + ledger, alerts, mail."""
 
     def __init__(self, node, api):
         self.node, self.api = node, api
 
     def cycle(self) -> None:
         collect_engines(self.node, self.api, timezone.now())
-        _, window = collect_host_memory(self.node, Procfs(), duration=0.5, period=0.1)
+        _, window = collect_host_memory(self.node, Procfs(), duration=0.5, period=0.1,
+                                        budget=configured_budget())
         update_ledger(self.node, window_figures(window), timezone.now())
         run_alerts(self.node, timezone.now())
         deliver_due(timezone.now())
@@ -92,7 +98,8 @@ def only_prefill_squeeze(db):
 
 
 def test_neighbour_growth_squeezes_prefill_alerts_once_and_resolves(
-        node, docker_host, settings, only_prefill_squeeze):
+        node, docker_host, settings, only_prefill_squeeze, memory_budget):
+    budget = memory_budget(BUDGET, programs=2)
     settings.SPARKOPS_WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.1/32"]
     api = docker_api.client(docker_host)
     handler = ScriptedSMTPHandler()
@@ -108,23 +115,23 @@ def test_neighbour_growth_squeezes_prefill_alerts_once_and_resolves(
         receiver.secret = hook.secret
         run_container(name_a, _engine_command(port_a, "org/gemma-4-26b", "64M"),
                       labels={"sparkops.engine": "vllm",
-                              "sparkops.prefill-bytes-per-token": str(NEED // 8192)})
-        _start_b(name_b, port_b, SMALL_POOL)
+                              "sparkops.prefill-bytes-per-token": str(NEED // 8192)},
+                      cgroup_parent=budget.parent)
+        _start_b(name_b, port_b, SMALL_POOL, budget.parent)
         cluster = Node(node, api)
         cluster.until(lambda: _pools(node).get(name_a) and _pools(node).get(name_b))
 
-        headroom = node.ledger["headroom"]
-        margin_gib = (headroom - NEED - GAP) / GIB
+        margin_gib = budget_squeeze_margin_gib(node.ledger, NEED, GAP)
         # Pending for a few seconds before firing (10 s by default): by then the ledger knows
         # the neighbour's new pool, so the first notification already names the right cause.
         RuleSetting.objects.create(rule="prefill-squeeze", for_seconds=4, thresholds={
-            "margin_gib": round(margin_gib, 3), "hysteresis_gib": 0.5})
+            "margin_gib": margin_gib, "hysteresis_gib": 0.5})
         for _ in range(3):
             cluster.cycle()
         assert not Alert.objects.exists()
 
         podman("rm", "--force", "--time", "0", name_b)  # "restart" B with a bigger pool
-        _start_b(name_b, port_b, BIG_POOL)
+        _start_b(name_b, port_b, BIG_POOL, budget.parent)
         cluster.until(lambda: Alert.objects.filter(state="firing").exists())
         for _ in range(3):
             cluster.cycle()
@@ -146,7 +153,7 @@ def test_neighbour_growth_squeezes_prefill_alerts_once_and_resolves(
         assert body["alert"]["details"]["causes"][0]["growth_bytes"] == (2112 - 64) * MIB
 
         podman("rm", "--force", "--time", "0", name_b)  # B back to its old size
-        _start_b(name_b, port_b, SMALL_POOL)
+        _start_b(name_b, port_b, SMALL_POOL, budget.parent)
         cluster.until(lambda: Alert.objects.filter(state="resolved").exists())
         for _ in range(2):
             cluster.cycle()
