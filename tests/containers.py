@@ -107,15 +107,30 @@ def run_container(name: str, command: list[str], *, labels: dict[str, str] | Non
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
         raise RuntimeError(f"podman run failed: {result.stderr.strip()}")
-    return result.stdout.strip()
+    container_id = result.stdout.strip()
+    # Removed by id from here on: a test may rename its container, and its first name would
+    # then remove nothing (the container would stay, an engine in every later test's ledger).
+    _STARTED[_STARTED.index((private, name))] = (private, container_id)
+    return container_id
 
 
 def remove_started_containers() -> None:
     """Remove every container ``run_container`` started since the last call (gone is fine)."""
+    used = {id(private): private for private, _ in _STARTED}
     while _STARTED:
-        private, name = _STARTED.pop()
-        subprocess.run([*private.argv, "rm", "--force", "--ignore", "--time", "0", name],
+        private, name_or_id = _STARTED.pop()
+        subprocess.run([*private.argv, "rm", "--force", "--ignore", "--time", "0", name_or_id],
                        capture_output=True, timeout=120)
+    # Nothing of the test may stay behind: a container it started under another name (or by
+    # other means) would be an engine in every later test's discovery and ledger.
+    for private in used.values():
+        left = subprocess.run([*private.argv, "ps", "--all", "--quiet", "--filter",
+                               f"label={TEST_LABEL}"], capture_output=True, text=True,
+                              timeout=60).stdout.split()
+        if left:
+            subprocess.run([*private.argv, "rm", "--force", "--ignore", "--time", "0", *left],
+                           capture_output=True, timeout=120)
+            raise AssertionError(f"the test left {len(left)} container(s) behind: {left}")
 
 
 def podman(*args: str, timeout: float = 60) -> str:
