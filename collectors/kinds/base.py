@@ -27,11 +27,12 @@ A read is all or nothing, as a vLLM scrape: a :class:`Reading` comes back whole 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
-from collectors.vllm.findings import MountCheck
+from collectors.vllm.findings import MountCheck, stale_mounts
 from collectors.vllm.logs import LogError
 from collectors.vllm.metrics import MetricsSnapshot
 
@@ -39,6 +40,8 @@ from collectors.vllm.metrics import MetricsSnapshot
 # every kind alike): ``kv_allocated`` once the KV pool is sized, ``ready`` once it serves.
 PHASES = ("unknown", "loading", "profiling", "kv_allocated", "ready", "failed")
 _RANK = {phase: rank for rank, phase in enumerate(PHASES)}
+SEVERITIES = ("error", "warning", "info")  # most severe first
+_MAX_MESSAGE = 500
 
 
 class LaunchError(Exception):
@@ -124,6 +127,54 @@ class KindStartup:
         values = {key: value for key, value in data.items() if key in known}
         values["errors"] = [LogError(**error) for error in data.get("errors", [])]
         return cls(**values)
+
+
+class LineLogParser:
+    """The common part of a non-vLLM kind's startup-log parser: ``feed`` complete lines to
+    :meth:`_line` (each kind's own), :meth:`_error` for the kind's failure signatures
+    (``ERRORS``: stable kind and pattern), and :meth:`result`, the last startup with how many
+    the log held. Subclasses set ``self.startup`` anew (and count ``self._startups``) where a
+    new startup begins."""
+
+    ERRORS: tuple[tuple[str, re.Pattern[str]], ...] = ()
+
+    def __init__(self) -> None:
+        self._startups = 0
+        self.startup = KindStartup()
+
+    def feed(self, text: str) -> None:
+        for line in text.splitlines():
+            self._line(line)
+
+    def _line(self, line: str) -> None:
+        self._error(line)
+
+    def _error(self, line: str) -> bool:
+        """Record ``line`` as a failed start when it matches a failure signature."""
+        for kind, pattern in self.ERRORS:
+            if match := pattern.search(line):
+                self.startup.errors.append(LogError(kind, match.group(0)[:_MAX_MESSAGE]))
+                self.startup.reach("failed")
+                return True
+        return False
+
+    def result(self) -> KindStartup:
+        startup = KindStartup.from_dict(self.startup.as_dict())
+        startup.startup_count = self._startups
+        return startup
+
+
+def kind_findings(launch_findings: list[dict[str, str]], startup: KindStartup | None,
+                  mounts: list[MountCheck]) -> list[dict[str, str]]:
+    """A kind's findings, most severe first: those of its launch, each startup error the log
+    showed (as vLLM's ``startup-error``) and every stale bind mount."""
+    found = list(launch_findings)
+    if startup is not None:
+        found += [{"code": "startup-error", "severity": "error",
+                   "message": f"The engine failed to start ({error.kind}): {error.message}"}
+                  for error in startup.errors]
+    found += [f.as_dict() for f in stale_mounts(mounts)]
+    return sorted(found, key=lambda f: SEVERITIES.index(f["severity"]))
 
 
 class StartupParser(Protocol):

@@ -69,13 +69,14 @@ from collectors.kinds.base import (
     KindStartup,
     Launch,
     LaunchError,
+    LineLogParser,
     Reading,
     gib_from_mib,
+    kind_findings,
 )
 from collectors.kinds.discovery import runs
 from collectors.kinds.http import Clock, get, get_json, one_line, parse_error
-from collectors.vllm.findings import MountCheck, _stale_mounts
-from collectors.vllm.logs import LogError
+from collectors.vllm.findings import MountCheck
 from collectors.vllm.metrics import MetricsSnapshot
 from collectors.vllm.scrape import ScrapeError
 
@@ -288,11 +289,13 @@ _ERRORS = (
 )
 
 
-class LlamaCppLogParser:
+class LlamaCppLogParser(LineLogParser):
     """llama-server's startup log, fed in complete lines; the last startup wins."""
 
+    ERRORS = _ERRORS
+
     def __init__(self) -> None:
-        self._startups = 0
+        super().__init__()
         self._new()
 
     def _new(self) -> None:
@@ -303,10 +306,6 @@ class LlamaCppLogParser:
         self._kv_self: float | None = None
         self._kv_buffers: dict[str, float] = {}
         self._compute: dict[str, float] = {}
-
-    def feed(self, text: str) -> None:
-        for line in text.splitlines():
-            self._line(line)
 
     def _line(self, line: str) -> None:
         if self._router and _CHILD_LINE.search(line):
@@ -357,16 +356,8 @@ class LlamaCppLogParser:
         else:
             self._error(line)
 
-    def _error(self, line: str) -> None:
-        for kind, pattern in _ERRORS:
-            if match := pattern.search(line):
-                self.startup.errors.append(LogError(kind, match.group(0)[:500]))
-                self.startup.reach("failed")
-                return
-
     def result(self) -> KindStartup:
-        startup = KindStartup.from_dict(self.startup.as_dict())
-        startup.startup_count = self._startups
+        startup = super().result()
         if self._weights:
             startup.weights_gib = gib_from_mib(sum(self._weights.values()))
         kv_mib, cells = _kv_pool(self._kv_sizes, self._kv_self, self._kv_buffers)
@@ -723,10 +714,7 @@ class LlamaCppReader:
 
     def findings(self, launch: Launch | None, startup: KindStartup | None,
                  mounts: list[MountCheck]) -> list[dict[str, str]]:
-        found = check_launch(launch.config) if launch else []
-        found += startup_findings(startup)
-        found += [f.as_dict() for f in _stale_mounts(mounts)]
-        return sorted(found, key=lambda f: ("error", "warning", "info").index(f["severity"]))
+        return kind_findings(check_launch(launch.config) if launch else [], startup, mounts)
 
     def read(self, base_url: str, *, deadline: float) -> Reading:
         return read_endpoints(base_url, deadline=deadline)

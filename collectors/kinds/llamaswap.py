@@ -47,10 +47,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from collectors.kinds.base import KindReader, Launch, LaunchError, Reading
+from collectors.kinds.base import KindReader, Launch, LaunchError, Reading, kind_findings
 from collectors.kinds.discovery import WORDS, runs, word_pattern
 from collectors.kinds.http import Clock, get_json, parse_error
-from collectors.vllm.findings import MountCheck, _stale_mounts
+from collectors.vllm.findings import MountCheck
 from collectors.vllm.metrics import MetricsSnapshot
 from collectors.vllm.scrape import ScrapeError
 
@@ -343,7 +343,7 @@ class LlamaSwapReader:
 
     def findings(self, launch: Launch | None, startup: Any,
                  mounts: list[MountCheck]) -> list[dict[str, str]]:
-        return [f.as_dict() for f in _stale_mounts(mounts)]
+        return kind_findings([], None, mounts)
 
     def read(self, base_url: str, *, deadline: float) -> RouterReading:
         return read_router(base_url, deadline=deadline)

@@ -29,11 +29,10 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from collectors.kinds.base import KindStartup, Launch, LaunchError, Reading
+from collectors.kinds.base import KindStartup, Launch, LaunchError, Reading, kind_findings
 from collectors.kinds.discovery import runs
 from collectors.kinds.http import Clock, get_json, parse_error
-from collectors.kinds.llamacpp import startup_findings
-from collectors.vllm.findings import MountCheck, _stale_mounts
+from collectors.vllm.findings import MountCheck
 from collectors.vllm.logs import LogError
 from collectors.vllm.metrics import MetricsSnapshot
 
@@ -260,10 +259,7 @@ class OllamaReader:
 
     def findings(self, launch: Launch | None, startup: KindStartup | None,
                  mounts: list[MountCheck]) -> list[dict[str, str]]:
-        found = check_launch(launch.config) if launch else []
-        found += startup_findings(startup)
-        found += [f.as_dict() for f in _stale_mounts(mounts)]
-        return sorted(found, key=lambda f: ("error", "warning", "info").index(f["severity"]))
+        return kind_findings(check_launch(launch.config) if launch else [], startup, mounts)
 
     def read(self, base_url: str, *, deadline: float) -> Reading:
         return read_endpoints(base_url, deadline=deadline)

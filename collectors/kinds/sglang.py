@@ -60,13 +60,18 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from collectors.kinds.base import KindStartup, Launch, LaunchError, Reading
+from collectors.kinds.base import (
+    KindStartup,
+    Launch,
+    LaunchError,
+    LineLogParser,
+    Reading,
+    kind_findings,
+)
 from collectors.kinds.discovery import runs
 from collectors.kinds.http import Clock, get, get_json, parse_error
-from collectors.kinds.llamacpp import startup_findings
 from collectors.kinds.prometheus import Exposition, decode, histogram_names, parse
-from collectors.vllm.findings import MountCheck, _stale_mounts
-from collectors.vllm.logs import LogError
+from collectors.vllm.findings import MountCheck
 from collectors.vllm.metrics import MetricsSnapshot
 from sparkops.units import GIB
 
@@ -225,21 +230,19 @@ _ERRORS = (
 )
 
 
-class SglangLogParser:
+class SglangLogParser(LineLogParser):
     """SGLang's startup log, fed in complete lines; the last startup wins."""
 
+    ERRORS = _ERRORS
+
     def __init__(self) -> None:
-        self._startups = 0
+        super().__init__()
         self._new()
 
     def _new(self) -> None:
         self.startup = KindStartup()
         self._first_stamp: datetime | None = None
         self._graphs: dict[str, float] = {}
-
-    def feed(self, text: str) -> None:
-        for line in text.splitlines():
-            self._line(line)
 
     def _line(self, line: str) -> None:
         stamp = _stamp(line)
@@ -282,17 +285,6 @@ class SglangLogParser:
         else:
             self._error(line)
 
-    def _error(self, line: str) -> None:
-        for kind, pattern in _ERRORS:
-            if match := pattern.search(line):
-                self.startup.errors.append(LogError(kind, match.group(0)[:500]))
-                self.startup.reach("failed")
-                return
-
-    def result(self) -> KindStartup:
-        startup = KindStartup.from_dict(self.startup.as_dict())
-        startup.startup_count = self._startups
-        return startup
 
 
 def _stamp(line: str) -> datetime | None:
@@ -477,10 +469,7 @@ class SglangReader:
 
     def findings(self, launch: Launch | None, startup: KindStartup | None,
                  mounts: list[MountCheck]) -> list[dict[str, str]]:
-        found = check_launch(launch.config) if launch else []
-        found += startup_findings(startup)
-        found += [f.as_dict() for f in _stale_mounts(mounts)]
-        return sorted(found, key=lambda f: ("error", "warning", "info").index(f["severity"]))
+        return kind_findings(check_launch(launch.config) if launch else [], startup, mounts)
 
     def read(self, base_url: str, *, deadline: float) -> Reading:
         return read_endpoints(base_url, deadline=deadline)

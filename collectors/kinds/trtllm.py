@@ -54,13 +54,18 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from collectors.kinds.base import KindStartup, Launch, LaunchError, Reading
+from collectors.kinds.base import (
+    KindStartup,
+    Launch,
+    LaunchError,
+    LineLogParser,
+    Reading,
+    kind_findings,
+)
 from collectors.kinds.discovery import runs
 from collectors.kinds.http import Clock, get, get_json, parse_error
-from collectors.kinds.llamacpp import startup_findings
 from collectors.kinds.prometheus import Exposition, decode, histogram_names, parse
-from collectors.vllm.findings import MountCheck, _stale_mounts
-from collectors.vllm.logs import LogError
+from collectors.vllm.findings import MountCheck
 from collectors.vllm.metrics import MetricsSnapshot
 
 DEFAULT_PORT = 8000
@@ -218,16 +223,10 @@ _ERRORS = (
 )
 
 
-class TrtllmLogParser:
+class TrtllmLogParser(LineLogParser):
     """``trtllm-serve``'s log, fed in complete lines; the last startup wins."""
 
-    def __init__(self) -> None:
-        self._startups = 0
-        self.startup = KindStartup()
-
-    def feed(self, text: str) -> None:
-        for line in text.splitlines():
-            self._line(line)
+    ERRORS = _ERRORS
 
     def _line(self, line: str) -> None:
         if match := _VERSION.search(line):
@@ -256,17 +255,6 @@ class TrtllmLogParser:
         elif not _BLOCK.search(line):
             self._error(line)
 
-    def _error(self, line: str) -> None:
-        for kind, pattern in _ERRORS:
-            if match := pattern.search(line):
-                self.startup.errors.append(LogError(kind, match.group(0)[:500]))
-                self.startup.reach("failed")
-                return
-
-    def result(self) -> KindStartup:
-        startup = KindStartup.from_dict(self.startup.as_dict())
-        startup.startup_count = self._startups
-        return startup
 
 
 # --- endpoints ------------------------------------------------------------------------------------
@@ -440,10 +428,7 @@ class TrtllmReader:
 
     def findings(self, launch: Launch | None, startup: KindStartup | None,
                  mounts: list[MountCheck]) -> list[dict[str, str]]:
-        found = check_launch(launch.config) if launch else []
-        found += startup_findings(startup)
-        found += [f.as_dict() for f in _stale_mounts(mounts)]
-        return sorted(found, key=lambda f: ("error", "warning", "info").index(f["severity"]))
+        return kind_findings(check_launch(launch.config) if launch else [], startup, mounts)
 
     def read(self, base_url: str, *, deadline: float) -> Reading:
         return read_endpoints(base_url, deadline=deadline)

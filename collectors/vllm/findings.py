@@ -147,7 +147,7 @@ def check_config(
     findings: list[Finding] = _removed_flags(config, log, version)
     for check in _CONFIG_CHECKS:
         findings.extend(check(config, log))
-    findings.extend(_stale_mounts(mounts or []))
+    findings.extend(stale_mounts(mounts or []))
     return sorted(findings, key=lambda finding: SEVERITIES.index(finding.severity))
 
 
@@ -358,7 +358,7 @@ def _log_error(log: StartupLog | None, kind: str) -> str | None:
     return next((error.message for error in log.errors if error.kind == kind), None)
 
 
-def _stale_mounts(mounts: list[MountCheck]) -> list[Finding]:
+def stale_mounts(mounts: list[MountCheck]) -> list[Finding]:
     return [
         Finding("stale-bind-mount", "error", reason)
         for mount in mounts
