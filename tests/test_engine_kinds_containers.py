@@ -18,16 +18,16 @@ from django.utils import timezone
 
 from collectors import docker_api
 from collectors.engines import collect_engines
-from collectors.hostmemory import collect_host_memory, configured_budget, window_figures
+from collectors.hostmemory import collect_host_memory, window_figures
 from collectors.ledger import update_ledger
 from collectors.models import Engine, EngineMetric, EngineSample, Event
 from collectors.procfs import Procfs
 from dashboard.alerting.models import Alert, RuleSetting
-from dashboard.alerting.pipeline import run_alerts
 from dashboard.alerting.settings import RULES
 from sparkops.testing.ports import free_port
 from tests.conftest import PROJECT
 from tests.containers import budget_squeeze_margin_gib, podman, run_container, unique_name
+from tests.cycles import CollectionCycle, ledger_shares
 from tests.scrape import faultserver
 from tests.scrape.faultserver import FaultServer
 
@@ -264,34 +264,6 @@ def _start_cause(name: str, port: int, ctx: str, cgroup_parent: str) -> None:
                   cgroup_parent=cgroup_parent)
 
 
-class _Cycle:
-    """One collection as the beat runs it: engines, host memory (and the memory budget) and
-    ledger, alerts."""
-
-    def __init__(self, node, api):
-        self.node, self.api = node, api
-
-    def __call__(self) -> None:
-        collect_engines(self.node, self.api, timezone.now())
-        _, window = collect_host_memory(self.node, Procfs(), duration=0.5, period=0.1,
-                                        budget=configured_budget())
-        update_ledger(self.node, window_figures(window), timezone.now())
-        run_alerts(self.node, timezone.now())
-        self.node.refresh_from_db()
-
-    def until(self, condition, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"not reached within {timeout} s; ledger: "
-                                     f"{json.dumps(self.node.ledger)[:800]}")
-            self()
-
-
-def _pools(node) -> dict:
-    return {s["name"]: s for s in (node.ledger or {}).get("engines", [])}
-
-
 def test_llamacpp_growth_squeezes_ollamas_prefill_and_resolves(node, api, memory_budget):
     for rule in RULES:
         if rule != "prefill-squeeze":
@@ -303,11 +275,11 @@ def test_llamacpp_growth_squeezes_ollamas_prefill_and_resolves(node, api, memory
                   labels={"sparkops.prefill-bytes-per-token": str(NEED // 512)},
                   cgroup_parent=budget.parent)
     _start_cause(cause, cause_port, SMALL_CTX, budget.parent)
-    cycle = _Cycle(node, api)
-    cycle.until(lambda: _pools(node).get(cause, {}).get("kv_pool")
-                and _pools(node).get(victim, {}).get("prefill_need"))
-    assert _pools(node)[victim]["prefill_need"] == NEED
-    assert _pools(node)[cause]["kv_pool"] == 64 * MIB
+    cycle = CollectionCycle(node, api)
+    cycle.until(lambda: ledger_shares(node).get(cause, {}).get("kv_pool")
+                and ledger_shares(node).get(victim, {}).get("prefill_need"))
+    assert ledger_shares(node)[victim]["prefill_need"] == NEED
+    assert ledger_shares(node)[cause]["kv_pool"] == 64 * MIB
 
     margin_gib = budget_squeeze_margin_gib(node.ledger, NEED, GAP)
     RuleSetting.objects.create(rule="prefill-squeeze", for_seconds=4, thresholds={

@@ -14,24 +14,18 @@ it before the model loads and 1 GiB beyond it after (the model takes 2 GiB).
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 
 import pytest
-from django.utils import timezone
 
 from collectors import docker_api
-from collectors.engines import collect_engines
-from collectors.hostmemory import collect_host_memory, configured_budget, window_figures
-from collectors.ledger import update_ledger
 from collectors.models import LedgerChange
-from collectors.procfs import Procfs
 from dashboard.alerting.models import Alert, RuleSetting
-from dashboard.alerting.pipeline import run_alerts
 from dashboard.alerting.settings import RULES
 from sparkops.testing.ports import free_port
 from tests.conftest import PROJECT
 from tests.containers import budget_squeeze_margin_gib, podman, run_container, unique_name
+from tests.cycles import CollectionCycle, ledger_shares
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 GIB = 1024**3
@@ -83,34 +77,6 @@ def _generate(port: int, model: str) -> None:
         assert json.loads(response.read())["done"] is True
 
 
-class _Cycle:
-    """One collection as the beat runs it: engines, host memory (and the memory budget) and
-    ledger, alerts."""
-
-    def __init__(self, node, api):
-        self.node, self.api = node, api
-
-    def __call__(self) -> None:
-        collect_engines(self.node, self.api, timezone.now())
-        _, window = collect_host_memory(self.node, Procfs(), duration=0.5, period=0.1,
-                                        budget=configured_budget())
-        update_ledger(self.node, window_figures(window), timezone.now())
-        run_alerts(self.node, timezone.now())
-        self.node.refresh_from_db()
-
-    def until(self, condition, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"not reached within {timeout} s; ledger: "
-                                     f"{json.dumps(self.node.ledger)[:1200]}")
-            self()
-
-
-def _shares(node) -> dict:
-    return {s["name"]: s for s in (node.ledger or {}).get("engines", [])}
-
-
 def test_a_model_ollama_loads_is_named_as_the_cause_of_a_vllm_prefill_squeeze(
         node, api, memory_budget):
     for rule in RULES:
@@ -120,10 +86,10 @@ def test_a_model_ollama_loads_is_named_as_the_cause_of_a_vllm_prefill_squeeze(
     victim, chat, port = unique_name("gemma"), unique_name("chat"), free_port()
     _start_vllm(victim, budget.parent)
     _start_ollama(chat, port, budget.parent)
-    cycle = _Cycle(node, api)
-    cycle.until(lambda: _shares(node).get(victim, {}).get("prefill_need")
-                and _shares(node).get(chat, {}).get("loaded_models") == 0)
-    assert _shares(node)[chat]["kv_pool"] is None  # Ollama reports none
+    cycle = CollectionCycle(node, api)
+    cycle.until(lambda: ledger_shares(node).get(victim, {}).get("prefill_need")
+                and ledger_shares(node).get(chat, {}).get("loaded_models") == 0)
+    assert ledger_shares(node)[chat]["kv_pool"] is None  # Ollama reports none
 
     margin_gib = budget_squeeze_margin_gib(node.ledger, NEED, GAP)
     RuleSetting.objects.create(rule="prefill-squeeze", for_seconds=4, thresholds={
