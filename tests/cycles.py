@@ -45,3 +45,18 @@ class CollectionCycle:
 def ledger_shares(node: Node) -> dict[str, dict]:
     """The node's ledger entries of its engines, by engine name."""
     return {share["name"]: share for share in (node.ledger or {}).get("engines", [])}
+
+
+def collect_engines_until(node: Node, api, condition: Callable[[dict], object],
+                          timeout: float = 40.0) -> dict:
+    """Collect the node's engines, once a second, until ``condition(engines by name)`` holds;
+    the engines then. Fails after ``timeout`` seconds with what each engine was."""
+    deadline = time.monotonic() + timeout
+    while True:
+        engines = {e.name: e for e in collect_engines(node, api, timezone.now())}
+        if condition(engines):
+            return engines
+        if time.monotonic() > deadline:
+            seen = [(e.name, e.kind, e.phase, e.last_scrape_error) for e in engines.values()]
+            raise AssertionError(f"condition not met within {timeout} s: {seen}")
+        time.sleep(1.0)  # the emulated engines move on a scale of seconds

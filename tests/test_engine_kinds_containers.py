@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 import urllib.request
 
 import pytest
@@ -17,7 +16,6 @@ from django.urls import reverse
 from django.utils import timezone
 
 from collectors import docker_api
-from collectors.engines import collect_engines
 from collectors.hostmemory import collect_host_memory, window_figures
 from collectors.ledger import update_ledger
 from collectors.models import Engine, EngineMetric, EngineSample, Event
@@ -27,7 +25,7 @@ from dashboard.alerting.settings import RULES
 from sparkops.testing.ports import free_port
 from tests.conftest import PROJECT
 from tests.containers import budget_squeeze_margin_gib, podman, run_container, unique_name
-from tests.cycles import CollectionCycle, ledger_shares
+from tests.cycles import CollectionCycle, collect_engines_until, ledger_shares
 from tests.scrape import faultserver
 from tests.scrape.faultserver import FaultServer
 
@@ -62,18 +60,6 @@ def api(docker_host):
     client.close()
 
 
-def _collect_until(node, api, condition, timeout=40.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        engines = {e.name: e for e in collect_engines(node, api, timezone.now())}
-        if condition(engines):
-            return engines
-        if time.monotonic() > deadline:
-            seen = [(e.name, e.kind, e.phase, e.last_scrape_error) for e in engines.values()]
-            raise AssertionError(f"condition not met within {timeout} s: {seen}")
-        time.sleep(1.0)
-
-
 def _ledger(node) -> dict:
     _, window = collect_host_memory(node, Procfs(), duration=0.3, period=0.1)
     update_ledger(node, window_figures(window), timezone.now())
@@ -93,7 +79,7 @@ def test_llamacpp_server_end_to_end(node, api, admin_client, tmp_path):
     run_container(name, _llama_server(port, "--emulator-load", "4:200:40"))
     run_container(unique_name("bystander"), ["sleep", "300"])
 
-    engines = _collect_until(node, api, lambda found: name in found
+    engines = collect_engines_until(node, api, lambda found: name in found
                              and found[name].phase == "ready"
                              and found[name].rates.get("decode_tokens_per_s"))
     engine = engines[name]
@@ -140,7 +126,7 @@ def test_llamacpp_router_scrapes_never_load_a_model(node, api, admin_client):
                          "--emulator-weights-bytes", "48M", *QUICK])
 
     for _ in range(3):  # several reads: autoload=false, so nothing loads
-        engines = _collect_until(node, api, lambda found: name in found
+        engines = collect_engines_until(node, api, lambda found: name in found
                                  and found[name].phase == "ready"
                                  and found[name].last_scrape_ok_at)
     engine = engines[name]
@@ -151,7 +137,7 @@ def test_llamacpp_router_scrapes_never_load_a_model(node, api, admin_client):
 
     _post(f"http://127.0.0.1:{port}/v1/completions",  # a client asks for qwen: it loads
           {"model": "qwen", "prompt": "hello " * 50, "max_tokens": 20})
-    engines = _collect_until(node, api, lambda found: found[name].metrics["details"]["state"]
+    engines = collect_engines_until(node, api, lambda found: found[name].metrics["details"]["state"]
                              .startswith("router: 1 of 2"))
     engine = engines[name]
     assert [(m["name"], m["status"]) for m in engine.metrics["details"]["models"]] == \
@@ -168,7 +154,7 @@ def test_ollama_server_end_to_end(node, api, admin_client):
     port, name = free_port(), unique_name("chat")
     run_container(name, _ollama("--emulator-load", "1:100:20"), env=_ollama_env(port))
 
-    engines = _collect_until(node, api, lambda found: name in found
+    engines = collect_engines_until(node, api, lambda found: name in found
                              and found[name].phase == "ready"
                              and (found[name].metrics.get("details") or {}).get("models"))
     engine = engines[name]
@@ -201,10 +187,10 @@ def test_ollama_server_end_to_end(node, api, admin_client):
 def test_an_ollama_model_unloads_when_its_keep_alive_runs_out(node, api):
     port, name = free_port(), unique_name("brief")
     run_container(name, _ollama(), env=_ollama_env(port, OLLAMA_KEEP_ALIVE="3s"))
-    _collect_until(node, api, lambda found: name in found
+    collect_engines_until(node, api, lambda found: name in found
                    and (found[name].metrics.get("details") or {}).get("models"))
-    engines = _collect_until(node, api, lambda found: found[name].metrics["details"]["models"]
-                             == [], timeout=30)
+    engines = collect_engines_until(
+        node, api, lambda found: found[name].metrics["details"]["models"] == [], timeout=30)
     assert engines[name].metrics["details"]["state"] == "no model loaded"
     assert engines[name].phase == "ready"
 
@@ -230,7 +216,7 @@ def test_faulty_endpoints_fail_the_read_and_commit_nothing(node, api, kind, resp
         command = _llama_server(free_port()) if kind == "llamacpp" else _ollama()
         env = _ollama_env(free_port()) if kind == "ollama" else None
         run_container(name, command, env=env, labels={"sparkops.url": server.url("")})
-        engine = _collect_until(node, api, lambda found: bool(
+        engine = collect_engines_until(node, api, lambda found: bool(
             found.get(name) and found[name].last_scrape_error), timeout=60)[name]
 
     assert engine.kind == kind and reason in engine.last_scrape_error

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 
 import pytest
 from django.core.management import call_command
@@ -16,7 +15,6 @@ from django.urls import reverse
 from django.utils import timezone
 
 from collectors import docker_api
-from collectors.engines import collect_engines
 from collectors.hostmemory import collect_host_memory, window_figures
 from collectors.ledger import update_ledger
 from collectors.models import Engine, EngineMetric, EngineSample, Event
@@ -26,7 +24,7 @@ from dashboard.alerting.settings import RULES
 from sparkops.testing.ports import free_port
 from tests.conftest import PROJECT
 from tests.containers import budget_squeeze_margin_gib, podman, run_container, unique_name
-from tests.cycles import CollectionCycle, ledger_shares
+from tests.cycles import CollectionCycle, collect_engines_until, ledger_shares
 from tests.scrape import faultserver
 from tests.scrape.faultserver import FaultServer
 
@@ -55,18 +53,6 @@ def api(docker_host):
     client.close()
 
 
-def _collect_until(node, api, condition, timeout=40.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        engines = {e.name: e for e in collect_engines(node, api, timezone.now())}
-        if condition(engines):
-            return engines
-        if time.monotonic() > deadline:
-            seen = [(e.name, e.kind, e.phase, e.last_scrape_error) for e in engines.values()]
-            raise AssertionError(f"condition not met within {timeout} s: {seen}")
-        time.sleep(1.0)
-
-
 def _ledger(node) -> dict:
     _, window = collect_host_memory(node, Procfs(), duration=0.3, period=0.1)
     update_ledger(node, window_figures(window), timezone.now())
@@ -89,7 +75,7 @@ def test_sglang_server_end_to_end(node, api, admin_client, tmp_path):
     # No label: found because its command runs `sglang serve`.
     run_container(name, _sglang(port, 4096, "--enable-metrics", "--emulator-load", "4:200:40"))
 
-    engines = _collect_until(node, api, lambda found: name in found
+    engines = collect_engines_until(node, api, lambda found: name in found
                              and found[name].phase == "ready"
                              and found[name].rates.get("decode_tokens_per_s"))
     engine = engines[name]
@@ -128,7 +114,7 @@ def test_trtllm_servers_with_and_without_prometheus(node, api, admin_client, tmp
     run_container(name, _trtllm(port, "--config", str(options), "--emulator-load", "4:200:10"))
     run_container(plain, _trtllm(plain_port, "--emulator-load", "4:200:40"))
 
-    engines = _collect_until(node, api, lambda found: {name, plain} <= set(found)
+    engines = collect_engines_until(node, api, lambda found: {name, plain} <= set(found)
                              and found[name].rates.get("decode_tokens_per_s")
                              and found[plain].metrics.get("snapshot", {}).get("requests_running"))
     engine = engines[name]
@@ -181,7 +167,7 @@ def test_faulty_endpoints_fail_the_read_and_commit_nothing(node, api, kind, resp
     with FaultServer(responder) as server:
         command = _sglang(free_port()) if kind == "sglang" else _trtllm(free_port())
         run_container(name, command, labels={"sparkops.url": server.url("")})
-        engine = _collect_until(node, api, lambda found: bool(
+        engine = collect_engines_until(node, api, lambda found: bool(
             found.get(name) and found[name].last_scrape_error), timeout=60)[name]
 
     assert engine.kind == kind and reason in engine.last_scrape_error
