@@ -12,6 +12,11 @@ restart, a stop, a pause or a rename is seen there and inspected again. Where ``
 cgroup files do not show the container (another PID or cgroup namespace), every container is
 inspected and its memory comes from the engine's stats call, as before. The API version is
 negotiated once per address and kept while the engine answers.
+
+The calls it makes are few and fixed (list, inspect, logs, stats; stop and start for planned
+restarts), so the socket can sit behind a proxy that allows only those
+(``deploy/docker-proxy/haproxy.cfg``). In read-only mode (``SPARKOPS_READ_ONLY``) stop and start
+are refused here, before the engine is asked, whoever calls them.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 import docker
 import docker.errors
 import requests.exceptions
+from django.conf import settings
 
 from collectors.kinds.discovery import kind_of
 from collectors.procfs import container_cgroups, process_start_time
@@ -36,6 +42,21 @@ API_TIMEOUT_SECONDS = 10
 
 class ContainerEngineError(Exception):
     """The container engine could not be reached or answered with an error."""
+
+
+class ReadOnlyRefused(ContainerEngineError):
+    """SparkOps is in read-only mode: a container was not stopped or started, and the engine
+    was not asked."""
+
+
+# What read-only mode is, in the words every refusal uses (pages and planning too).
+READ_ONLY_TEXT = ("SparkOps is read-only (SPARKOPS_READ_ONLY is on): it monitors and never stops "
+                  "or starts a container or drops the page cache")
+
+
+def read_only() -> bool:
+    """Is SparkOps in read-only mode (``SPARKOPS_READ_ONLY``)?"""
+    return bool(settings.SPARKOPS_READ_ONLY)
 
 
 # Where an error said in words is followed by the library's own reason, for whoever debugs it.
@@ -323,7 +344,7 @@ def metrics_base_url(container: EngineContainer, port: int) -> str | None:
 # --- the verbs a planned restart uses ------------------------------------------------------------
 # SparkOps stops and starts engine containers, and nothing else: no create, exec, kill or remove.
 # These functions do not know which containers may be touched; the runbook checks the engine's
-# ``manageable`` flag (and audits) before it calls them.
+# ``manageable`` flag (and audits) before it calls them. They refuse in read-only mode.
 
 STOP_TIMEOUT_SECONDS = 30
 
@@ -386,8 +407,10 @@ def stop_container(engine: docker.DockerClient, container_id: str,
     """Stop a container: SIGTERM, then SIGKILL after ``timeout_seconds`` (the engine's own grace).
 
     Stopping a stopped container succeeds. Blocks up to ``timeout_seconds`` plus the API timeout;
-    raises :class:`ContainerEngineError` with the reason (also when the container is gone).
+    raises :class:`ContainerEngineError` with the reason (also when the container is gone), and
+    :class:`ReadOnlyRefused` in read-only mode.
     """
+    _refuse_if_read_only("stop", container_id)
     try:
         engine.api.stop(container_id, timeout=timeout_seconds)
     except docker.errors.NotFound:
@@ -398,13 +421,20 @@ def stop_container(engine: docker.DockerClient, container_id: str,
 
 def start_container(engine: docker.DockerClient, container_id: str) -> None:
     """Start an existing, stopped container (never creates one). Starting a running container
-    succeeds. Raises :class:`ContainerEngineError` with the reason."""
+    succeeds. Raises :class:`ContainerEngineError` with the reason, and :class:`ReadOnlyRefused`
+    in read-only mode."""
+    _refuse_if_read_only("start", container_id)
     try:
         engine.api.start(container_id)
     except docker.errors.NotFound:
         raise ContainerEngineError(f"cannot start {container_id[:12]}: no such container") from None
     except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
         raise ContainerEngineError(f"cannot start {container_id[:12]}: {error}") from None
+
+
+def _refuse_if_read_only(verb: str, container_id: str) -> None:
+    if read_only():
+        raise ReadOnlyRefused(f"cannot {verb} {container_id[:12]}: {READ_ONLY_TEXT}")
 
 
 # --- container logs: streamed, capped, continued from a cursor ---------------------------------

@@ -6,7 +6,9 @@ runs ``SPARKOPS_DROP_CACHES_COMMAND`` through ``sudo -n`` when it is not root, s
 privilege it needs is that one command without arguments.
 
 Node-side and database-free: whether a drop may happen now (engine stopped, cooldown) and its
-audit row are decided by the caller (:mod:`dashboard.restarts.pagecache`).
+audit row are decided by the caller (:mod:`dashboard.restarts.pagecache`). In read-only mode
+(``SPARKOPS_READ_ONLY``) the helper is never run: :func:`run_drop_helper` refuses here, whoever
+asks.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from collectors.docker_api import READ_ONLY_TEXT, read_only
 from sparkops.units import KIB
 
-__all__ = ["DROP_TIMEOUT_SECONDS", "DropFailed", "DropResult", "PageCacheError", "drop_command",
-           "run_drop_helper"]
+__all__ = ["DROP_TIMEOUT_SECONDS", "DropFailed", "DropResult", "PageCacheError",
+           "ReadOnlyRefused", "drop_command", "run_drop_helper"]
 
 # sync writes back every dirty page first, which can take a while on a busy disk; past this the
 # helper is stopped and the drop reported as failed.
@@ -38,6 +41,10 @@ class PageCacheError(Exception):
 
 class DropFailed(PageCacheError):
     """The helper ran (or could not be run) and did not report success."""
+
+
+class ReadOnlyRefused(DropFailed):
+    """SparkOps is in read-only mode: the helper was not run."""
 
 
 @dataclass(frozen=True)
@@ -64,8 +71,11 @@ def run_drop_helper(command: list[str], timeout_seconds: float) -> DropResult:
     """Run ``command`` (from :func:`drop_command`) with a total timeout; Cached before and after.
 
     Raises :class:`DropFailed` with a one-line reason when it cannot be run, overruns its time
-    (it is then stopped, with its process group) or exits with a non-zero status.
+    (it is then stopped, with its process group) or exits with a non-zero status, and
+    :class:`ReadOnlyRefused` (never running it) in read-only mode.
     """
+    if read_only():
+        raise ReadOnlyRefused(f"the page cache was not dropped: {READ_ONLY_TEXT}")
     try:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, start_new_session=True)

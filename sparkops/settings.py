@@ -18,6 +18,15 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from sparkops.address import (
+    DEFAULT_BIND,
+    AddressError,
+    default_allowed_hosts,
+    parse_bind,
+    public_url_setting,
+    url_netloc,
+    url_origin,
+)
 from sparkops.datadir import PRIVATE_UMASK, create_private_file
 from sparkops.env import (
     env_bool,
@@ -57,8 +66,7 @@ def _default_node_name() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = env_bool("SPARKOPS_DEBUG", False)
-ALLOWED_HOSTS = env_list("SPARKOPS_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
-CSRF_TRUSTED_ORIGINS = env_list("SPARKOPS_CSRF_TRUSTED_ORIGINS", [])
+# ALLOWED_HOSTS and CSRF_TRUSTED_ORIGINS follow the public URL: see the web server's section.
 
 # Behind TLS (a reverse proxy terminating HTTPS), set SPARKOPS_HTTPS=1: secure cookies, HSTS and the
 # redirect follow, and `manage.py check --deploy` passes.
@@ -66,6 +74,8 @@ HTTPS = env_bool("SPARKOPS_HTTPS", False)
 SESSION_COOKIE_SECURE = HTTPS
 CSRF_COOKIE_SECURE = HTTPS
 SECURE_SSL_REDIRECT = HTTPS
+# Probes answer plain HTTP on the local port (dashboard/health.py): no certificate needed.
+SECURE_REDIRECT_EXEMPT = [r"^(healthz|readyz)$"]
 SECURE_HSTS_SECONDS = 31_536_000 if HTTPS else 0
 SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
 SECURE_HSTS_PRELOAD = HTTPS
@@ -234,15 +244,28 @@ STORAGES = {
 FILE_UPLOAD_PERMISSIONS = 0o600
 FILE_UPLOAD_DIRECTORY_PERMISSIONS = 0o700
 
+# What an admin reads (the terminal of `bin/sparkops start`, journald): the start-up summary,
+# failures and deliveries, at the default INFO. A line per request (gunicorn's access log, Django's
+# 4xx warnings) and per task (Celery's received/succeeded, beat's sends) comes back with DEBUG,
+# which also lets every library's debugging through (runstack passes the level to its processes).
+SPARKOPS_LOG_LEVEL = env_str("SPARKOPS_LOG_LEVEL", "INFO").upper()
+if SPARKOPS_LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+    raise ImproperlyConfigured(f"SPARKOPS_LOG_LEVEL={env_str('SPARKOPS_LOG_LEVEL', '')!r}: "
+                               "expected one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("SPARKOPS_LOG_LEVEL", "INFO")},
-    # django-axes logs every successful login and every clean-up at INFO; its failures and
-    # lockouts are warnings, which is what an admin reads the log for.
-    "loggers": {"axes": {"level": "WARNING"}},
+    "root": {"handlers": ["console"], "level": SPARKOPS_LOG_LEVEL},
+    "loggers": {
+        # django-axes logs every successful login and every clean-up at INFO; its failures and
+        # lockouts are warnings, which is what an admin reads the log for.
+        "axes": {"level": "WARNING"},
+        # "Not Found: /favicon.ico" and every other 4xx is a warning per request; server errors
+        # (5xx) are errors and stay.
+        "django.request": {"level": "DEBUG" if SPARKOPS_LOG_LEVEL == "DEBUG" else "ERROR"},
+    },
 }
 
 # --- SparkOps: this node and its collection ---------------------------------------------------
@@ -291,10 +314,12 @@ SPARKOPS_WEBHOOK_ALLOWED_NETWORKS = env_list("SPARKOPS_WEBHOOK_ALLOWED_NETWORKS"
 # A notification claimed by a sender that has not finished after this long is taken over by
 # another (the first one died mid-send): longer than the slowest send (SMTP timeouts add up).
 SPARKOPS_NOTIFY_LEASE_SECONDS = env_float("SPARKOPS_NOTIFY_LEASE_SECONDS", 120, minimum=1)
-# Public address of this SparkOps, for links in notifications.
-SPARKOPS_PUBLIC_URL = env_str("SPARKOPS_PUBLIC_URL", "http://127.0.0.1:8470")
+# Links in notifications start with SPARKOPS_PUBLIC_URL (see the web server's section).
 
 # --- planned restarts ---------------------------------------------------------------------------
+# Read-only mode: SparkOps monitors and never touches. No container is stopped or started and the
+# page cache is never dropped; planning a restart is refused and the pages say so.
+SPARKOPS_READ_ONLY = env_bool("SPARKOPS_READ_ONLY", False)
 # The privileged helper that drops the page cache. It takes no arguments; not running as root,
 # SparkOps calls it through `sudo -n` (README: "Dropping the page cache").
 SPARKOPS_DROP_CACHES_COMMAND = env_list(
@@ -373,8 +398,25 @@ CELERY_TASK_DEFAULT_QUEUE = "sparkops"
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
-# --- the web server started by `./sparkops start` -----------------------------------------------
-SPARKOPS_BIND = env_str("SPARKOPS_BIND", "127.0.0.1:8470")
+# --- the web server started by `./sparkops start`, and the address people reach it at ---------
+# SPARKOPS_BIND is HOST or HOST:PORT; without a port, SparkOps' own 8470. It is normalised to
+# HOST:PORT, which is what the stack hands gunicorn. SPARKOPS_PUBLIC_URL is this SparkOps'
+# address for people: links in notifications, the host the site answers to, the origin its forms
+# are posted from and where plain HTTP is redirected. Unset, it follows from the bind:
+# http://<host>:<port> (https:// with SPARKOPS_HTTPS=1; a wildcard bind gives this machine's host
+# name). Behind a TLS proxy, set it to the proxy's https:// address. Rules: sparkops.address.
+try:
+    _BIND = parse_bind(env_str("SPARKOPS_BIND", DEFAULT_BIND))
+    SPARKOPS_PUBLIC_URL = public_url_setting(env_optional("SPARKOPS_PUBLIC_URL"), _BIND,
+                                             https=HTTPS)
+except AddressError as _error:
+    raise ImproperlyConfigured(str(_error)) from None
+SPARKOPS_BIND = str(_BIND)
+ALLOWED_HOSTS = env_list("SPARKOPS_ALLOWED_HOSTS", default_allowed_hosts(SPARKOPS_PUBLIC_URL))
+CSRF_TRUSTED_ORIGINS = env_list("SPARKOPS_CSRF_TRUSTED_ORIGINS", [url_origin(SPARKOPS_PUBLIC_URL)])
+# Behind TLS, a plain-HTTP request is redirected to the public URL's host, not to whatever host
+# it named (Django's SECURE_SSL_HOST).
+SECURE_SSL_HOST = url_netloc(SPARKOPS_PUBLIC_URL) if HTTPS else None
 # The stack's supervisor kills and restarts a Celery worker that has not shown it is alive (by
 # touching a file in the data directory, every few seconds) for this long: a stopped or frozen
 # worker would otherwise stay up and do nothing. Longer than any pause a busy node causes.

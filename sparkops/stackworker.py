@@ -17,6 +17,12 @@ With ``--liveness-file PATH``, the worker's main process touches that file every
 frozen worker would otherwise never show, since its process stays alive. On the event-loop pools
 (prefork with Redis) the timer runs in the main loop itself, so a wedged loop shows as well.
 
+With ``--quiet-tasks`` (what ``runstack`` passes unless ``SPARKOPS_LOG_LEVEL=DEBUG``), Celery's
+lines for every task received and succeeded, every beat send and every broker connection are
+left out (``QuietTasks``): about ten lines every 5 s that bury what an admin reads the log for.
+A task that fails or raises is still logged (Celery writes those as errors), and so is what the
+tasks themselves log (failed collections, deliveries).
+
 On the embedded file-system broker every process uses ``sparkops.fsbroker`` (see the settings):
 kombu's own transport lets a reader take a message file before its writer has written it, which
 a worker publishing from its own threads (beat, follow-up tasks) hits within a minute.
@@ -37,7 +43,7 @@ from click import Option
 
 from sparkops.celery import app
 
-__all__ = ["BeatThread", "Liveness", "app"]
+__all__ = ["BeatThread", "Liveness", "QuietTasks", "app"]
 
 log = logging.getLogger(__name__)
 # How long the scheduler sleeps at most between two looks at its schedule, and so how long a
@@ -46,6 +52,16 @@ log = logging.getLogger(__name__)
 MAX_INTERVAL_SECONDS = 1.0
 # Seconds between two touches of the liveness file, unless --liveness-interval says otherwise.
 LIVENESS_INTERVAL_SECONDS = 5.0
+# Celery's loggers that write a line per task or per beat send at INFO (their failures are
+# warnings or errors), and kombu's, which warns "No hostname was supplied" at every connection to
+# a broker without a host (the file-system broker).
+PER_TASK_LOGGERS = {
+    "celery.worker.strategy": logging.WARNING,  # "Task ... received"
+    "celery.app.trace": logging.WARNING,  # "Task ... succeeded in ...", retries
+    "celery.beat": logging.WARNING,  # "Scheduler: Sending due task ..."
+    "celery.worker.consumer.connection": logging.WARNING,  # "Connected to ..."
+    "kombu.connection": logging.ERROR,  # "No hostname was supplied. Reverting to ..."
+}
 
 
 class BeatThread(bootsteps.StartStopStep):
@@ -135,6 +151,26 @@ class Liveness(bootsteps.StartStopStep):
             log.exception("cannot touch the liveness file %s", self.path)
 
 
+class QuietTasks(bootsteps.Step):
+    """Worker bootstep: with ``--quiet-tasks``, no line per task (``PER_TASK_LOGGERS``)."""
+
+    label = "Quiet tasks"
+    conditional = True
+
+    def __init__(self, parent: Any, quiet_tasks: bool = False, **kwargs: Any) -> None:
+        self.enabled = bool(quiet_tasks)
+        if self.enabled:
+            # Celery has set up its logging before the steps are built; levels of these named
+            # loggers are left alone by it and by Django's LOGGING.
+            for name, level in PER_TASK_LOGGERS.items():
+                logging.getLogger(name).setLevel(level)
+        super().__init__(parent, **kwargs)
+
+
+app.user_options["worker"].add(Option(
+    ["--quiet-tasks"], is_flag=True, default=False,
+    help="No log line per task received or succeeded, nor per beat send (failures still are).",
+))
 app.user_options["worker"].add(Option(
     ["--beat-thread"], is_flag=True, default=False,
     help="Run beat's scheduler as a thread of this worker (runstack on a single node).",
@@ -149,3 +185,4 @@ app.user_options["worker"].add(Option(
 ))
 app.steps["worker"].add(BeatThread)
 app.steps["worker"].add(Liveness)
+app.steps["worker"].add(QuietTasks)

@@ -10,10 +10,11 @@ SPEC is JSON::
 
     {"processes": [{"name": ..., "argv": [...], "env": {...},
                     "heartbeat": {"path": ..., "timeout": 60, "startup": 180}}, ...],
-     "restart": {"initial": 1, "max": 60, "stable": 120, "crashes": 5, "window": 300}}
+     "restart": {"initial": 1, "max": 60, "stable": 120, "crashes": 5, "window": 300},
+     "state": "/path/to/stack-state.json"}
 
-``env`` (added to this process's environment), ``heartbeat`` and ``restart`` are optional;
-``restart`` defaults to ``RESTART_POLICY``. The contract:
+``env`` (added to this process's environment), ``heartbeat``, ``restart`` and ``state`` are
+optional; ``restart`` defaults to ``RESTART_POLICY``. The contract:
 
 1. A process that exits (whatever its status) is restarted after a delay that starts at
    ``initial`` seconds and doubles with each consecutive crash up to ``max``; once a process has
@@ -26,6 +27,13 @@ SPEC is JSON::
    helping: all are stopped (SIGTERM, SIGKILL after a grace period) and this exits 1, so
    whoever runs the stack (systemd, a container, a terminal) sees the failure.
 4. SIGINT or SIGTERM stops them all the same way and this exits 0.
+5. With ``state``, what runs is kept in that file (JSON, mode 0600, replaced whole on every
+   start of a process, removed when the stack stops): this supervisor and each process, by name,
+   with its pid, its start (UTC, ISO 8601), its start in clock ticks after boot (field 22 of
+   ``/proc/<pid>/stat``, so that a reader can tell a pid reused by another process) and its
+   restarts. ``manage.py status`` and ``restore`` read it (``sparkops/stackstate.py``); a file
+   left by a supervisor that was killed names pids that are gone, or taken by others. Once the
+   processes are stopped, their heartbeat files are removed too.
 
 Each crash, restart and heartbeat kill is one line on stderr.
 """
@@ -40,6 +48,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 GRACE_SECONDS = 15.0
@@ -52,6 +62,47 @@ RESTART_POLICY = {"initial": 1.0, "max": 60.0, "stable": 120.0, "crashes": 5, "w
 
 def _say(message: str) -> None:
     print(f"supervise: {message}", file=sys.stderr, flush=True)
+
+
+def _started_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks after boot (``/proc/<pid>/stat`` field 22)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _process_entry(name: str, pid: int, started_at: str, restarts: int) -> dict:
+    return {"name": name, "pid": pid, "started_at": started_at,
+            "started_ticks": _started_ticks(pid), "restarts": restarts}
+
+
+class StateFile:
+    """The file that says what runs (contract point 5); does nothing without a path."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = Path(path) if path else None
+        self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
+
+    def write(self, children: list[Child]) -> None:
+        if self.path is None:
+            return
+        state = {"supervisor": _process_entry("supervisor", os.getpid(), self.started_at, 0),
+                 "processes": [_process_entry(child.name, child.process.pid, child.started_at,
+                                              child.starts - 1)
+                               for child in children if child.process is not None]}
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(descriptor, "w") as file:
+                json.dump(state, file)
+            os.replace(temporary, self.path)
+        except OSError as error:  # a full disk must not stop the stack; status then says less
+            _say(f"cannot write the state file {self.path}: {error}")
+
+    def remove(self) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -76,6 +127,8 @@ class Child:
         self.policy = policy
         self.process: subprocess.Popen | None = None
         self.started = 0.0
+        self.started_at = ""
+        self.starts = 0
         self.restart_at: float | None = None
         self.consecutive = 0
         self.crashes: collections.deque[float] = collections.deque()
@@ -84,7 +137,9 @@ class Child:
         if self.heartbeat:
             Path(self.heartbeat["path"]).unlink(missing_ok=True)  # a file of the last run
         self.started = time.monotonic()
+        self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
         self.restart_at = None
+        self.starts += 1
         self.process = subprocess.Popen(self.argv, env=self.env)
 
     def running(self) -> bool:
@@ -154,14 +209,29 @@ def supervise(spec: dict, *, grace: float = GRACE_SECONDS) -> int:
     signal.signal(signal.SIGTERM, stop)
     policy = {**RESTART_POLICY, **spec.get("restart", {})}
     children = [Child(entry, policy) for entry in spec["processes"]]
+    state = StateFile(spec.get("state"))
+    try:
+        return _run(children, policy, state, grace, lambda: stopping)
+    finally:
+        # Nothing runs any more: neither file may say otherwise (``manage.py restore`` reads both).
+        state.remove()
+        for child in children:
+            if child.heartbeat:
+                Path(child.heartbeat["path"]).unlink(missing_ok=True)
+
+
+def _run(children: list[Child], policy: dict, state: StateFile, grace: float,
+         stopping: Callable[[], bool]) -> int:
     for child in children:
         child.start()
-    while not stopping:
+    state.write(children)
+    while not stopping():
         now = time.monotonic()
         for child in children:
             if child.restart_at is not None:
                 if now >= child.restart_at:
                     child.start()
+                    state.write(children)
                 continue
             silent = child.silent_for()
             if silent is not None:

@@ -6,5 +6,7 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    # Probes: liveness and readiness, without login (dashboard/health.py).
+    path("", include("dashboard.health")),
     path("", include("dashboard.urls")),
 ]

@@ -7,6 +7,8 @@ one after the other, and :func:`queue_forecast` shows what that means for each p
 
 Every decision here (allowed or refused) leaves an audit row (``dashboard.audit.records``).
 Carrying a plan out is the runbook's job (``dashboard.restarts.tasks``); a new plan only nudges it.
+In read-only mode (``SPARKOPS_READ_ONLY``) every plan is refused, saying so, before anything else
+is looked at; cancelling stays allowed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
+from collectors.docker_api import READ_ONLY_TEXT, read_only
 from collectors.models import Engine, Node
 from dashboard.audit.records import audit
 from dashboard.restarts.models import DEFAULT_STARTUP_SECONDS, Restart, RestartWindow
@@ -41,6 +44,7 @@ __all__ = [
     "NOT_MANAGED",
     "PERMISSION",
     "PLAN_ACTION",
+    "READ_ONLY",
     "Outage",
     "PermissionMissing",
     "PlanRefused",
@@ -62,6 +66,7 @@ PLAN_ACTION = "plan-restart"
 CANCEL_ACTION = "cancel-restart"
 NOT_MANAGED = ("not enabled for management: add the label sparkops.manage=true or enable it in "
                "SparkOps")
+READ_ONLY = f"{READ_ONLY_TEXT}; turn SPARKOPS_READ_ONLY off to plan restarts"
 DEFAULT_SOURCE = "default (no history yet)"
 # The learned startup is the median of this many latest measured starts: enough to shrug off one
 # slow start after a driver update, few enough to follow a change of model or flags.
@@ -172,6 +177,7 @@ def plan_restart(engine: Engine, *, user: Any, start: datetime | None = None,
     engine not manageable or not present, another open restart of the engine, a time outside any
     window, or an expected back-by later than the window's end. Every outcome is audited
     ("plan-restart"). On success the runbook is asked to look at due plans after the commit.
+    In read-only mode every plan is refused (:data:`READ_ONLY`).
     """
     try:
         with transaction.atomic():
@@ -236,6 +242,8 @@ def clock(at: datetime, zone: tzinfo | str, *, round_up: bool = False) -> str:
 def _plan(engine: Engine, *, user: Any, start: datetime | None, window: RestartWindow | None,
           now: datetime, reason: str) -> Restart:
     _require_permission(user)
+    if read_only():
+        raise PlanRefused(READ_ONLY)
     # Lock the engine and (through the join) its node: two plans on one node at once cannot both
     # pass the checks below (one open plan per engine; the queue each one waits behind).
     engine = (Engine.objects.select_for_update().select_related("node").filter(pk=engine.pk)

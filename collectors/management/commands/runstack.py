@@ -27,6 +27,17 @@ and the work is I/O bound (sleeps, sockets, SQLite), so the stack runs as few of
 * **beat** runs as a thread of the worker (``sparkops.stackworker``); ``--no-beat`` leaves it
   out, for a fleet where only the central host runs beat.
 
+What runs is kept in ``<data dir>/stack-state.json`` by the supervisor (its pid, each process's
+pid and start; removed when the stack stops), for ``manage.py status`` and ``restore``
+(``sparkops.stackstate``).
+
+Logs: before the processes start, a summary (``sparkops.startup``: release, address, node,
+database, broker, where the generated admin password is while it is still valid). Then only what
+an admin needs: failures, deliveries, the worker's "ready". gunicorn logs warnings and errors,
+without its access log; the worker runs without Celery's banner and with ``--quiet-tasks`` (no
+line per task). ``SPARKOPS_LOG_LEVEL=DEBUG`` brings the banner, the access log and the per-task
+lines back.
+
 Both Django processes get ``MALLOC_ARENA_MAX=2`` unless it is set: glibc would give each
 allocating thread an arena of its own (up to 8 per core), each keeping what it freed.
 
@@ -46,8 +57,9 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from sparkops import supervise
+from sparkops import stackstate, supervise
 from sparkops.celery import worker_queues
+from sparkops.startup import summary_lines
 
 SUPERVISOR = Path(supervise.__file__).resolve()
 WORKER_POOLS = ("threads", "prefork")
@@ -59,7 +71,12 @@ LIVENESS_STARTUP_SECONDS = 180.0
 
 def liveness_file() -> Path:
     """The file the stack's worker touches to show it is alive (in the data directory)."""
-    return Path(settings.DATA_DIR) / "worker.alive"
+    return stackstate.liveness_file(Path(settings.DATA_DIR))
+
+
+def state_file() -> Path:
+    """The file the supervisor keeps what runs in (in the data directory)."""
+    return stackstate.state_file(Path(settings.DATA_DIR))
 
 
 def liveness_interval(timeout: float) -> float:
@@ -69,12 +86,16 @@ def liveness_interval(timeout: float) -> float:
 
 def stack_commands(*, bind: str, node: str, web_workers: int = 1, web_threads: int = 4,
                    worker_pool: str = "threads", worker_concurrency: int | None = None,
-                   beat: bool = True) -> dict[str, list[str]]:
-    """The command line of each process of the stack, by name."""
+                   beat: bool = True, log_level: str = "INFO") -> dict[str, list[str]]:
+    """The command line of each process of the stack, by name. ``log_level`` is
+    ``SPARKOPS_LOG_LEVEL``: below DEBUG, no line per request or per task."""
     python = sys.executable
     concurrency = worker_concurrency or DEFAULT_WORKER_CONCURRENCY[worker_pool]
+    verbose = log_level == "DEBUG"
     worker = [
-        python, "-m", "celery", "-A", "sparkops.stackworker", "worker", "--loglevel", "INFO",
+        python, "-m", "celery", "-A", "sparkops.stackworker", *([] if verbose else ["--quiet"]),
+        "worker", "--loglevel", log_level,
+        *([] if verbose else ["--quiet-tasks"]),
         "--queues", ",".join(worker_queues(node)), "--hostname", f"{node}@%h",
         "--pool", worker_pool, "--concurrency", str(concurrency),
         "--without-mingle", "--without-gossip",
@@ -84,15 +105,15 @@ def stack_commands(*, bind: str, node: str, web_workers: int = 1, web_threads: i
     ]
     if beat:
         worker += ["--beat-thread", "--schedule-filename", settings.CELERY_BEAT_SCHEDULE_FILENAME]
-    return {
-        "web": [
-            python, "-m", "gunicorn", "sparkops.wsgi:application", "--bind", bind,
-            "--workers", str(web_workers), "--worker-class", "gthread",
-            "--threads", str(web_threads), "--access-logfile", "-", "--graceful-timeout", "10",
-            "--no-control-socket",
-        ],
-        "worker": worker,
-    }
+    web = [
+        python, "-m", "gunicorn", "sparkops.wsgi:application", "--bind", bind,
+        "--workers", str(web_workers), "--worker-class", "gthread",
+        "--threads", str(web_threads), "--graceful-timeout", "10", "--no-control-socket",
+        # gunicorn's INFO is its start-up (the summary says it) and a line per worker boot.
+        "--log-level", "info" if verbose else "warning",
+        *(["--access-logfile", "-"] if verbose else []),
+    ]
+    return {"web": web, "worker": worker}
 
 
 def stack_env(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
@@ -115,13 +136,18 @@ def stack_heartbeats() -> dict[str, dict[str, object]]:
 
 def supervisor_argv(commands: dict[str, list[str]],
                     env: dict[str, dict[str, str]] | None = None,
-                    heartbeats: dict[str, dict[str, object]] | None = None) -> list[str]:
-    """The command line that runs ``commands`` under ``sparkops/supervise.py``."""
-    spec = {"processes": [{"name": name, "argv": argv, "env": (env or {}).get(name, {})}
-                          for name, argv in commands.items()]}
+                    heartbeats: dict[str, dict[str, object]] | None = None,
+                    state: Path | None = None) -> list[str]:
+    """The command line that runs ``commands`` under ``sparkops/supervise.py``, keeping what
+    runs in ``state`` when given."""
+    spec: dict[str, object] = {
+        "processes": [{"name": name, "argv": argv, "env": (env or {}).get(name, {})}
+                      for name, argv in commands.items()]}
     for entry in spec["processes"]:
         if entry["name"] in (heartbeats or {}):
             entry["heartbeat"] = heartbeats[entry["name"]]
+    if state is not None:
+        spec["state"] = str(state)
     # -P: the script's folder (sparkops/) is not put on sys.path, so nothing there can shadow a
     # module of the standard library.
     return [sys.executable, "-P", str(SUPERVISOR), json.dumps(spec)]
@@ -157,13 +183,13 @@ class Command(BaseCommand):
             bind=options["bind"], node=settings.SPARKOPS_NODE_NAME,
             web_workers=options["web_workers"], web_threads=options["web_threads"],
             worker_pool=options["worker_pool"], worker_concurrency=options["worker_concurrency"],
-            beat=not options["no_beat"],
+            beat=not options["no_beat"], log_level=settings.SPARKOPS_LOG_LEVEL,
         )
         env = stack_env(os.environ)
         parts = "web, worker" + ("" if options["no_beat"] else " with beat")
-        self.stdout.write(f"SparkOps is starting on http://{options['bind']}/ ({parts}); "
-                          "Ctrl-C stops it.")
+        for line in summary_lines(bind=options["bind"], parts=parts):
+            self.stdout.write(line)
         self.stdout.flush()
         sys.stderr.flush()
-        argv = supervisor_argv(commands, env, stack_heartbeats())
+        argv = supervisor_argv(commands, env, stack_heartbeats(), state_file())
         os.execv(argv[0], argv)

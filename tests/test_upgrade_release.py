@@ -1,0 +1,289 @@
+"""An installation of the previous release (0.1.0) upgrades as docs/DEPLOY.md says, and keeps
+every row.
+
+The upgrade, done as an admin does it, with real processes: stop (``status`` says nothing runs),
+``bin/sparkops backup``, take the new release (this tree), ``manage.py migrate``, ``bin/sparkops
+start`` (serves ``/healthz``; ``/readyz`` says the old collection is stale; ``status`` names the
+running processes; ``restore`` is refused while they run), stop. Then every row of every table
+of 0.1.0 is compared, table by table and row by row, in the columns 0.1.0 had. Restoring the
+pre-upgrade backup brings the same rows back (and migrates them: the backup is older), and a
+backup of the upgraded database restores to exactly the same data.
+
+SQLite starts from ``tests/fixtures/releases/sparkops-0.1.0.sqlite3`` (made by 0.1.0's own code:
+``make_release_db.py`` beside it); PostgreSQL from a database that script fills with 0.1.0's
+code taken from git (``git archive cc9d0b2``).
+
+The stack runs without beat: nothing is scheduled, so nothing but the upgrade may change a row
+(a roll-up or a pruning would, rightly, and is not what is tested here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+import pytest
+import requests
+
+from sparkops.testing.ports import free_port, wait_for_port
+from sparkops.version import VERSION
+from tests.conftest import PROJECT, subprocess_env
+
+RELEASES = PROJECT / "tests" / "fixtures" / "releases"
+FIXTURE = RELEASES / "sparkops-0.1.0.sqlite3"
+MAKE = RELEASES / "make_release_db.py"
+NODE = "spark-old"
+ADMIN_PASSWORD = "release-0.1.0-admin-password"
+Snapshot = dict[str, tuple[list[str], Counter]]
+
+
+# --- reading every table --------------------------------------------------------------------------
+
+
+def _value(value: object) -> object:
+    return json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
+
+
+def sqlite_snapshot(path: Path) -> Snapshot:
+    """Every table: its columns and its rows (as a multiset of tuples)."""
+    with sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True) as db:
+        tables = [row[0] for row in db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+        snapshot = {}
+        for table in tables:
+            columns = [row[1] for row in db.execute(f'PRAGMA table_info("{table}")')]
+            rows = db.execute(f'SELECT * FROM "{table}"').fetchall()
+            snapshot[table] = (columns, Counter(tuple(row) for row in rows))
+    return snapshot
+
+
+def postgres_snapshot(url: str) -> Snapshot:
+    with psycopg.connect(url) as db:
+        tables = [row[0] for row in db.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public' "
+            "AND table_type = 'BASE TABLE'")]
+        snapshot = {}
+        for table in tables:
+            columns = [row[0] for row in db.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema = "
+                "'public' AND table_name = %s ORDER BY ordinal_position", (table,))]
+            rows = db.execute(f'SELECT * FROM "{table}"').fetchall()
+            snapshot[table] = (columns, Counter(tuple(map(_value, row)) for row in rows))
+    return snapshot
+
+
+def lost_rows(before: Snapshot, after: Snapshot) -> list[str]:
+    """Every row of ``before`` that ``after`` no longer has with the same values in the columns
+    ``before`` had (rows and columns ``after`` added are fine), as readable lines."""
+    lost = []
+    for table, (columns, rows) in sorted(before.items()):
+        if table not in after:
+            lost.append(f"{table}: the table is gone ({sum(rows.values())} rows)")
+            continue
+        now_columns, now_rows = after[table]
+        missing = [column for column in columns if column not in now_columns]
+        if missing:
+            lost.append(f"{table}: columns gone: {missing}")
+            continue
+        positions = [now_columns.index(column) for column in columns]
+        projected = Counter({tuple(row[i] for i in positions): n for row, n in now_rows.items()})
+        for row in (rows - projected).elements():
+            lost.append(f"{table}: {dict(zip(columns, row, strict=True))}")
+    return lost
+
+
+def newer_migrations() -> set[tuple[str, str]]:
+    """This tree's migrations that 0.1.0 had not applied."""
+    from django.db.migrations.loader import MigrationLoader
+
+    released = {(row[1], row[2]) for row in sqlite_snapshot(FIXTURE)["django_migrations"][1]}
+    return set(MigrationLoader(None, ignore_no_migrations=True).disk_migrations) - released
+
+
+def test_the_release_fixture_has_rows_in_every_table_and_stays_small():
+    snapshot = sqlite_snapshot(FIXTURE)
+    assert len(snapshot) >= 35
+    assert [table for table, (_, rows) in snapshot.items() if not rows] == []
+    assert FIXTURE.stat().st_size < 1024 * 1024
+    names = {row[2] for row in snapshot["django_migrations"][1]}
+    assert "0009_spec_tokens_per_step" in names and "0005_move_models_to_domain_apps" in names
+
+
+def test_the_comparison_finds_a_changed_value_a_lost_row_and_a_lost_column():
+    before = {"t": (["id", "v"], Counter({(1, "a"): 1, (2, "b"): 1}))}
+    assert lost_rows(before, {"t": (["id", "v", "new"], Counter({(1, "a", 0): 1,
+                                                                 (2, "b", 0): 1}))}) == []
+    assert lost_rows(before, {"t": (["id", "v"], Counter({(1, "a"): 1, (2, "B"): 1}))}) == [
+        "t: {'id': 2, 'v': 'b'}"]
+    assert lost_rows(before, {"t": (["id", "v"], Counter({(1, "a"): 1}))}) == [
+        "t: {'id': 2, 'v': 'b'}"]
+    assert lost_rows(before, {"t": (["id"], Counter({(1,): 1, (2,): 1}))}) == [
+        "t: columns gone: ['v']"]
+    assert lost_rows(before, {}) == ["t: the table is gone (2 rows)"]
+
+
+# --- the admin's commands -------------------------------------------------------------------------
+
+
+def _sparkops(env: dict[str, str], *args: str, expect: int = 0) -> str:
+    result = subprocess.run([str(PROJECT / "bin" / "sparkops"), *args], cwd=PROJECT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == expect, result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+def _manage(env: dict[str, str], *args: str) -> str:
+    result = subprocess.run([sys.executable, "manage.py", *args], cwd=PROJECT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@contextmanager
+def running_stack(env: dict[str, str], log: Path) -> Iterator[str]:
+    """``bin/sparkops start --no-beat``; yields its base URL; stops it, whatever happens."""
+    port = free_port()
+    env = {**env, "SPARKOPS_BIND": f"127.0.0.1:{port}"}
+    with log.open("w") as output:
+        process = subprocess.Popen([str(PROJECT / "bin" / "sparkops"), "start", "--no-beat"],
+                                   env=env, stdout=output, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    try:
+        wait_for_port(port, timeout=120)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def _upgrade(env: dict[str, str], data: Path, tmp_path: Path) -> Path:
+    """The documented upgrade, checking each step; returns the pre-upgrade backup."""
+    # 1. Stopped: nothing runs, and the old node's collection is long stale.
+    stopped = _sparkops(env, "status", expect=1)
+    assert "stack:      not running" in stopped
+    assert "delivery:   last at 2026-11-01 03:00:02 UTC" in stopped
+    assert "firing to ops (email)" in stopped
+    # 2. Backup.
+    backed_up = _sparkops(env, "backup")
+    backup = Path(re.search(r" to (\S+) \(", backed_up).group(1))
+    assert backup.parent == data
+    # 3. The new release's code is this tree; migrate.
+    _manage(env, "migrate", "--noinput")
+    # 4. Start, and look.
+    with running_stack(env, tmp_path / "stack.log") as base:
+        health = requests.get(f"{base}/healthz", timeout=10)
+        assert health.status_code == 200 and health.json() == {"status": "ok",
+                                                               "version": VERSION}
+        ready = requests.get(f"{base}/readyz", timeout=30)
+        assert ready.status_code == 503
+        checks = ready.json()["checks"]
+        assert checks["database"]["ok"] and checks["broker"]["ok"]
+        assert not checks["collection"]["ok"]
+        assert checks["collection"]["reason"].startswith(
+            f"the last successful collection of node {NODE} is ")
+        assert checks["collection"]["age_seconds"] > 86400
+        assert requests.get(f"{base}/login/", timeout=10).status_code == 200
+
+        running = _sparkops(env, "status", expect=1)
+        assert "stack:      running, supervisor pid " in running
+        assert re.search(r"web pid \d+ since ", running)
+        assert re.search(r"worker pid \d+ since ", running)
+        refused = _sparkops(env, "restore", str(backup), expect=1)
+        assert "CommandError: restore refused: the stack runs (supervisor pid " in refused
+    log = (tmp_path / "stack.log").read_text()
+    assert f"SparkOps {VERSION} is starting on " in log
+    return backup
+
+
+def _password_still_works(env: dict[str, str]) -> None:
+    code = ("from django.contrib.auth.hashers import check_password; "
+            "from django.contrib.auth.models import User; "
+            f"print(check_password({ADMIN_PASSWORD!r}, User.objects.get(username='admin')"
+            ".password))")
+    assert _manage(env, "shell", "-c", code).strip().splitlines()[-1] == "True"
+
+
+def _restore_and_round_trip(env: dict[str, str], backup: Path, before: Snapshot,
+                            snapshot, tmp_path: Path, suffix: str) -> None:
+    restored = _sparkops(env, "restore", str(backup))
+    newer = newer_migrations()
+    if newer:  # this release has migrations 0.1.0 did not: the restore applies them
+        assert f"The backup is from an older release: applying {len(newer)} migration" \
+            in restored
+    else:
+        assert "older release" not in restored
+    assert lost_rows(before, snapshot()) == []
+
+    upgraded = snapshot()
+    copy = tmp_path / f"upgraded{suffix}"
+    _sparkops(env, "backup", str(copy))
+    _manage(env, "shell", "-c", "from collectors.models import Node; "
+                                "Node.objects.all().delete()")
+    assert snapshot() != upgraded
+    again = _sparkops(env, "restore", str(copy))
+    assert "older release" not in again
+    assert snapshot() == upgraded
+
+
+@pytest.mark.slow
+def test_an_installation_of_the_previous_release_upgrades_on_sqlite(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    database = data / "sparkops.sqlite3"
+    shutil.copyfile(FIXTURE, database)
+    database.chmod(0o600)
+    before = sqlite_snapshot(database)
+    env = subprocess_env(SPARKOPS_DATA_DIR=str(data), SPARKOPS_NODE_NAME=NODE,
+                         SPARKOPS_TIME_ZONE="UTC")
+
+    backup = _upgrade(env, data, tmp_path)
+
+    assert lost_rows(before, sqlite_snapshot(backup)) == []  # the backup holds all of it
+    assert lost_rows(before, sqlite_snapshot(database)) == []
+    assert "collectors_node" in sqlite_snapshot(database)
+    _password_still_works(env)
+    _restore_and_round_trip(env, backup, before, lambda: sqlite_snapshot(database), tmp_path,
+                            ".sqlite3")
+
+
+@pytest.mark.slow
+def test_an_installation_of_the_previous_release_upgrades_on_postgresql(tmp_path,
+                                                                        postgres_url):
+    name = f"release_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = postgres_url.rsplit("/", 1)[0] + f"/{name}"
+    made = subprocess.run([sys.executable, str(MAKE), "--database-url", url], cwd=PROJECT,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stdout + made.stderr
+    before = postgres_snapshot(url)
+    assert [table for table, (_, rows) in before.items() if not rows] == []
+    assert set(before) == set(sqlite_snapshot(FIXTURE))  # the same tables as the fixture's
+    data = tmp_path / "data"
+    env = subprocess_env(SPARKOPS_DATA_DIR=str(data), SPARKOPS_NODE_NAME=NODE,
+                         SPARKOPS_TIME_ZONE="UTC", DATABASE_URL=url)
+
+    backup = _upgrade(env, data, tmp_path)
+
+    assert backup.suffix == ".pgdump"
+    assert lost_rows(before, postgres_snapshot(url)) == []
+    _password_still_works(env)
+    _restore_and_round_trip(env, backup, before, lambda: postgres_snapshot(url), tmp_path,
+                            ".pgdump")
