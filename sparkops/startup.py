@@ -53,6 +53,8 @@ def summary_lines(*, bind: str, parts: str) -> list[str]:
     node = settings.SPARKOPS_NODE_NAME
     lines = [
         f"SparkOps {VERSION} is starting on http://{bind}/ ({parts}); Ctrl-C stops it.",
+        *([f"  public:   {settings.SPARKOPS_PUBLIC_URL} (SPARKOPS_PUBLIC_URL)"]
+          if settings.SPARKOPS_PUBLIC_URL.rstrip("/") != f"http://{bind}" else []),
         f"  node:     {node} (queue {node_queue(node)})",
         f"  database: {describe_database()}",
         f"  broker:   {describe_broker()}",

@@ -44,6 +44,7 @@ from sparkops.testing.ports import free_port, wait_for_port
 from sparkops.version import VERSION
 from tests.conftest import PROJECT
 from tests.containers import SESSION_PODMAN, run_container, unique_name
+from tests.processes import sign_in
 
 COMPOSE_FILE = PROJECT / "compose.yaml"
 TEST_OVERRIDE = PROJECT / "tests" / "fixtures" / "compose.test.yaml"
@@ -332,20 +333,6 @@ def _build_home(work: Path) -> Path:
     return home
 
 
-def _login(base: str, node: str) -> requests.Session:
-    session = requests.Session()
-    page = session.get(f"{base}/login/", timeout=10)
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
-    response = session.post(
-        f"{base}/login/",
-        data={"username": "admin", "password": PASSWORD, "csrfmiddlewaretoken": token},
-        headers={"Referer": f"{base}/login/"}, timeout=10,
-    )
-    response.raise_for_status()
-    assert response.url.endswith(f"/nodes/{node}/"), response.url
-    return session
-
-
 def _poll(read, done, seconds: float, what: str):
     deadline = time.monotonic() + seconds
     while True:
@@ -390,7 +377,7 @@ def test_image_builds_and_its_compose_service_shows_the_hosts_memory(compose, tm
         raise AssertionError(f"SparkOps did not listen: {project.logs('sparkops')}") from None
 
     # Logged in over HTTP, the overview's figures are live samples of this machine's memory.
-    session = _login(base, node)
+    session = sign_in(base, PASSWORD, node=node)
     headroom = _poll(lambda: session.get(f"{base}/api/nodes/{node}/headroom.json",
                                          timeout=10).json(),
                      lambda data: {f["key"]: f for f in data["figures"]}["mem_available"][

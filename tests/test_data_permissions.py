@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import sqlite3
 import stat
 import subprocess
@@ -22,6 +21,7 @@ import requests
 from sparkops.datadir import create_private_file, tighten
 from sparkops.testing.ports import free_port, wait_for_port
 from tests.conftest import PROJECT, subprocess_env
+from tests.processes import stop_group
 
 AS_ROOT = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"),
                              reason="needs root and runuser, to read as another user")
@@ -177,10 +177,5 @@ def test_the_stack_started_as_root_with_umask_022_keeps_its_data_to_itself(open_
                                  capture_output=True)
         assert listing.returncode != 0
     finally:
-        if stack.poll() is None:
-            os.killpg(stack.pid, signal.SIGTERM)
-            try:
-                stack.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(stack.pid, signal.SIGKILL)
+        stop_group(stack)
     assert "made the data directory" not in log_path.read_text()  # private from the start

@@ -13,9 +13,7 @@ that fails fast.
 from __future__ import annotations
 
 import logging
-import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +31,7 @@ from sparkops.testing.ports import free_port, wait_for, wait_for_port
 from sparkops.testing.webhooks import WebhookReceiver
 from sparkops.version import VERSION
 from tests.conftest import PROJECT, subprocess_env
+from tests.processes import stop_group
 
 NODE = "quiet-test"
 # Lines Celery, kombu and gunicorn write per task, per beat send, per connection or per
@@ -160,16 +159,6 @@ def _start(tmp_path: Path, **extra: str) -> tuple[subprocess.Popen, int, Path]:
     return process, port, log
 
 
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
 def _noise(text: str) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for line in text.splitlines():
@@ -223,7 +212,7 @@ def test_the_first_twenty_seconds_of_a_start_are_a_summary_and_no_per_task_lines
                      "the delivery logged")
             time.sleep(max(0.0, 20 - (time.monotonic() - started)))  # collections, beat
         finally:
-            _stop(process)
+            stop_group(process)
     text = log.read_text()
 
     assert _noise(text) == {}
@@ -247,7 +236,7 @@ def test_debug_shows_every_task_and_request_again(tmp_path):
         wait_for(lambda: {"task succeeded", "beat send", "access log"} <= set(
             _noise(log.read_text())), 60, "per-task and access lines")
     finally:
-        _stop(process)
+        stop_group(process)
     assert "logs:     DEBUG: every request and every task" in log.read_text()
 
 
@@ -265,7 +254,7 @@ def test_a_malformed_setting_stops_start_up_with_one_line(tmp_path, variable, va
     try:
         returncode = process.wait(timeout=120)
     finally:
-        _stop(process)
+        stop_group(process)
     text = log.read_text()
 
     assert returncode == 1

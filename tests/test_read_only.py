@@ -236,9 +236,11 @@ def test_a_restart_due_in_read_only_mode_leaves_the_container_running(read_only,
 
         restart = run_restart(restart.pk, api=api, poll_seconds=0.2)
 
-        assert restart.status == Restart.Status.FAILED
+        # Ended before its first step: refused, nothing touched, the engine never asked.
+        assert restart.status == Restart.Status.REFUSED
         assert "SparkOps is read-only (SPARKOPS_READ_ONLY is on)" in restart.outcome
-        assert restart.container_state["running"] is True
+        assert "nothing was touched" in restart.outcome
+        assert not restart.steps.exists()
         assert started_at(api, real.container_id) == before
         assert not drop_helper.exists()
     finally:

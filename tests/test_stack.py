@@ -7,9 +7,7 @@ samples: beat -> broker -> worker -> database -> web.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -20,24 +18,11 @@ import requests
 
 from sparkops.testing.ports import free_port, wait_for_port
 from tests.conftest import PROJECT, subprocess_env
+from tests.processes import sign_in, stop_group
 
 pytestmark = pytest.mark.slow
 PASSWORD = "stack-test-password-1"
 NODE = "stack-test"
-
-
-def _login(base: str) -> requests.Session:
-    session = requests.Session()
-    page = session.get(f"{base}/login/", timeout=10)
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
-    response = session.post(
-        f"{base}/login/",
-        data={"username": "admin", "password": PASSWORD, "csrfmiddlewaretoken": token},
-        headers={"Referer": f"{base}/login/"}, timeout=10,
-    )
-    response.raise_for_status()
-    assert response.url.endswith(f"/nodes/{NODE}/"), response.url
-    return session
 
 
 def _run_stack(tmp_path: Path, extra_env: dict[str, str]):
@@ -57,15 +42,6 @@ def _run_stack(tmp_path: Path, extra_env: dict[str, str]):
     return process, port, log
 
 
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-
-
 def _wait_for_live_samples(session: requests.Session, base: str, seconds: float) -> dict:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -82,7 +58,7 @@ def _check_stack(tmp_path: Path, extra_env: dict[str, str]) -> None:
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for_port(port, timeout=180)
-        session = _login(base)
+        session = sign_in(base, PASSWORD, node=NODE)
         data = _wait_for_live_samples(session, base, seconds=15)
 
         assert data["last_ok"] is True and data["stale"] is False
@@ -94,7 +70,7 @@ def _check_stack(tmp_path: Path, extra_env: dict[str, str]) -> None:
         assert requests.get(f"{base}/api/nodes/{NODE}/headroom.json", timeout=5,
                             allow_redirects=False).status_code == 302
     finally:
-        _stop(process)
+        stop_group(process)
         log.close()
     assert "Created admin account 'admin' with SPARKOPS_ADMIN_PASSWORD" in (
         tmp_path / "stack.log"

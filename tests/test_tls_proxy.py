@@ -33,6 +33,7 @@ from requests.adapters import HTTPAdapter
 from collectors.management.commands.runstack import stack_commands
 from sparkops.testing.ports import free_port, wait_for_port
 from tests.conftest import PROJECT, subprocess_env
+from tests.processes import stop_group
 
 pytestmark = pytest.mark.slow
 
@@ -106,16 +107,6 @@ def _self_signed_certificate(workdir: Path) -> tuple[Path, Path]:
     return certificate, key
 
 
-def _stop(process: subprocess.Popen, stop_signal: int = signal.SIGTERM) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, stop_signal)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def proxied(tmp_path_factory) -> Iterator[ProxiedSparkOps]:
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -168,8 +159,8 @@ def proxied(tmp_path_factory) -> Iterator[ProxiedSparkOps]:
                                   data / "sparkops.sqlite3")
     finally:
         if proxy is not None:
-            _stop(proxy, signal.SIGQUIT)  # nginx's graceful stop
-        _stop(web)
+            stop_group(proxy, signal.SIGQUIT)  # nginx's graceful stop
+        stop_group(web)
         web_log.close()
 
 

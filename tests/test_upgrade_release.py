@@ -20,10 +20,8 @@ The stack runs without beat: nothing is scheduled, so nothing but the upgrade ma
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -40,6 +38,7 @@ import requests
 from sparkops.testing.ports import free_port, wait_for_port
 from sparkops.version import VERSION
 from tests.conftest import PROJECT, subprocess_env
+from tests.processes import stop_group
 
 RELEASES = PROJECT / "tests" / "fixtures" / "releases"
 FIXTURE = RELEASES / "sparkops-0.1.0.sqlite3"
@@ -164,13 +163,7 @@ def running_stack(env: dict[str, str], log: Path) -> Iterator[str]:
         wait_for_port(port, timeout=120)
         yield f"http://127.0.0.1:{port}"
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_group(process)
 
 
 def _upgrade(env: dict[str, str], data: Path, tmp_path: Path) -> Path:

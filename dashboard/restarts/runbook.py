@@ -60,10 +60,12 @@ import docker
 from django.conf import settings
 
 from collectors.docker_api import (
+    READ_ONLY_TEXT,
     ContainerEngineError,
     ContainerStatus,
     container_logs_since,
     container_status,
+    read_only,
     start_container,
     stop_container,
 )
@@ -154,6 +156,11 @@ def run_restart(restart_id: int, *, api: docker.DockerClient | None, api_error: 
     reason = stale_reason(restart, now)
     if reason:
         cancel_restart(restart, reason, now, actor=actor)
+    elif read_only():
+        # Planned before read-only mode was switched on: ended before anything is touched,
+        # rather than failing at its stop step.
+        end_unstarted(restart, Restart.Status.REFUSED, f"{READ_ONLY_TEXT}; nothing was touched",
+                      now, actor=actor)
     elif not restart.engine.manageable:
         _refuse(restart, now, actor)
     elif not claim_restart(restart, now=now, worker=actor):

@@ -58,6 +58,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from sparkops import stackstate, supervise
+from sparkops.address import bind_argument
 from sparkops.celery import worker_queues
 from sparkops.startup import summary_lines
 
@@ -165,7 +166,8 @@ class Command(BaseCommand):
             "together: restarted when they crash or fall silent (see the module's docstring).")
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--bind", default=settings.SPARKOPS_BIND)
+        parser.add_argument("--bind", type=bind_argument, default=settings.SPARKOPS_BIND,
+                            help="address of the web server, HOST or HOST:PORT (SPARKOPS_BIND)")
         parser.add_argument("--web-workers", type=_positive, default=1,
                             help="gunicorn worker processes (default 1)")
         parser.add_argument("--web-threads", type=_positive, default=4,

@@ -23,6 +23,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from collectors.meminfo import parse_meminfo
 from collectors.nodes import local_node, local_procfs
+from sparkops.address import bind_argument
 from sparkops.demo.node import (
     INSTALL_HINT,
     DemoError,
@@ -62,7 +63,7 @@ class Command(BaseCommand):
         parser.add_argument("--mib-per-gib", type=int, default=None,
                             help="MiB of real memory per GiB of the story (default: chosen from "
                                  "MemAvailable, at most a quarter of it and 8 GiB in all)")
-        parser.add_argument("--bind", default=settings.SPARKOPS_BIND,
+        parser.add_argument("--bind", type=bind_argument, default=settings.SPARKOPS_BIND,
                             help="address of the web server (SPARKOPS_BIND)")
 
     def say(self, text: str) -> None:
