@@ -6,7 +6,7 @@ here, so the names stayed the same when the domains became apps of their own.
 
 from django.urls import path
 
-from dashboard import views
+from dashboard import planner_views, views
 from dashboard.alerting import urls as alerting_urls
 from dashboard.audit import urls as audit_urls
 from dashboard.exports import urls as exports_urls
@@ -18,6 +18,7 @@ app_name = "dashboard"
 urlpatterns = [
     path("", views.home, name="home"),
     path("nodes/<slug:node>/", views.overview, name="overview"),
+    path("nodes/<slug:node>/planner/", planner_views.planner_page, name="planner"),
     path("nodes/<slug:node>/engines/cards/", views.engine_cards, name="engine-cards"),
     path("nodes/<slug:node>/engines/<str:engine>/", views.engine_detail, name="engine"),
     path("api/nodes/<slug:node>/engines.json", views.engines_json, name="engines-json"),
