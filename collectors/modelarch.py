@@ -30,14 +30,17 @@ parameter count and the quantisation; both are estimates and say so.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from collectors.modelconfig import MAX_CONFIG_BYTES, read_container_model_config, read_model_config
+from collectors.modelconfig import (
+    read_container_model_config,
+    read_model_config,
+    read_small_json,
+)
 from collectors.procfs import process_root
 
 FULL = "full"
@@ -447,14 +450,7 @@ def _candidate_keys(model: str) -> list[str]:
 
 def read_hf_quant_config(model_dir: Path) -> dict[str, Any] | None:
     """A checkpoint's ``hf_quant_config.json`` (older ModelOpt exports), or None."""
-    path = model_dir / "hf_quant_config.json"
-    try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            return None
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_small_json(model_dir / "hf_quant_config.json")
 
 
 def architecture_from_model_dir(model_dir: Path) -> Architecture:

@@ -38,7 +38,12 @@ MAX_CONFIG_BYTES = MIB
 def read_model_config(model_dir: Path) -> dict[str, Any] | None:
     """The model's config.json as a dict, or None when absent, unreadable or over
     :data:`MAX_CONFIG_BYTES`."""
-    path = model_dir / "config.json"
+    return read_small_json(model_dir / "config.json")
+
+
+def read_small_json(path: Path) -> dict[str, Any] | None:
+    """A model directory's small JSON file (config.json, hf_quant_config.json, ...) as a dict,
+    or None when absent, unreadable, not an object or over :data:`MAX_CONFIG_BYTES`."""
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
             return None
