@@ -1,4 +1,4 @@
-"""The fit planner page: a GET form over dashboard.planner; planning changes nothing."""
+"""The fit planner page: a GET form over collectors.fitplan; planning changes nothing."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 
+from collectors.fitplan import PlanError, PlanRequest, plan
 from collectors.models import Engine, Node
-from dashboard.planner import PlanError, PlanRequest, plan, squeeze_margin_bytes
+from dashboard.alerting.settings import prefill_margin_bytes
 
 NEW_ENGINE = "__new__"
 
@@ -36,7 +37,7 @@ def planner_page(request: HttpRequest, node: str) -> HttpResponse:
         try:
             result = plan(watched, engines, PlanRequest(
                 None if chosen == NEW_ENGINE else chosen, command, version or None, drop),
-                squeeze_margin_bytes())
+                prefill_margin_bytes())
         except PlanError as why:
             error = str(why)
     return render(request, "dashboard/planner.html", {

@@ -12,10 +12,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from collectors import fitplan as planner
+from collectors.fitplan import PlanError, PlanRequest
 from collectors.ledger import build_ledger
 from collectors.models import Engine, Node
-from dashboard import planner
-from dashboard.planner import PlanError, PlanRequest
+from dashboard.alerting.settings import prefill_margin_bytes
 
 pytestmark = pytest.mark.django_db
 
@@ -218,4 +219,4 @@ def test_fits_with_margin_is_the_prefill_squeeze_rule():
     assert planner.prefill_fits(14 * GIB, 12 * GIB, MARGIN) is True
     assert planner.prefill_fits(14 * GIB, 12 * GIB + 1, MARGIN) is False
     assert planner.prefill_fits(None, 12 * GIB, MARGIN) is None
-    assert planner.squeeze_margin_bytes() == MARGIN
+    assert prefill_margin_bytes() == MARGIN

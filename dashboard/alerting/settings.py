@@ -16,6 +16,7 @@ from typing import Any
 
 from dashboard.alerting.models import RuleSetting
 from dashboard.alerting.rules import RULES, Rule, ThresholdSpec
+from sparkops.units import GIB
 
 log = logging.getLogger(__name__)
 
@@ -146,3 +147,9 @@ def all_rule_settings() -> dict[str, EffectiveSetting]:
     stored = {row.rule: row for row in RuleSetting.objects.filter(rule__in=RULES)}
     return {rule: merge(defaults, stored.get(rule)) for rule, defaults in RULES.items()}
 
+
+
+def prefill_margin_bytes() -> int:
+    """The prefill-squeeze alert's margin in force on this installation, in bytes: what the fit
+    planner and the predicted-squeeze alert judge a prefill by (``collectors.fitplan``)."""
+    return int(rule_settings("prefill-squeeze").thresholds["margin_gib"] * GIB)

@@ -1,4 +1,4 @@
-"""The fit planner: what happens to a node if one vLLM engine is restarted with other flags.
+"""The fit planner: what happens to a node if one vLLM engine is (re)started with other flags.
 
 On a GB10 every restart costs minutes and its effect on the neighbours shows only afterwards.
 The planner answers before anyone restarts anything, from what SparkOps already knows: the
@@ -13,9 +13,11 @@ memory budget, the budget's room alike). Dropping the page cache does not move t
 (MemAvailable counts reclaimable cache) but does move what vLLM releases before 0.20 read as
 free at boot, which is why it can let an older engine start.
 
-A prefill "fits with margin" by the prefill-squeeze alert's own rule and its margin in force
-(:func:`prefill_fits`). The largest pool the engine can take while every neighbour's prefill
-still fits is a closed form: the after-headroom falls byte for byte with the pool.
+A prefill "fits with margin" by the prefill-squeeze alert's own rule (:func:`prefill_fits`),
+with the margin the caller passes: the alert's margin in force for the planner page and the
+predicted-squeeze alert, the one a restart plan was checked with for its pre-check. The
+largest pool the engine can take while every neighbour's prefill still fits is a closed form:
+the after-headroom falls byte for byte with the pool.
 
 Every figure carries its confidence (collectors.vllm.kvplan's "exact", "estimate", "reported"
 for what an engine or the host measured, or "unknown — why"); an unknown figure is never 0.
@@ -48,12 +50,9 @@ from collectors.vllm.kvplan import (
     unknown_plan,
 )
 from collectors.vllm.poolplan import BootMemory, EnginePrediction, Usage, predict, startup_refusal
-from dashboard.alerting.rules.prefill_squeeze import RULE as PREFILL_SQUEEZE
-from dashboard.alerting.settings import rule_settings
-from sparkops.units import GIB, fixed_gib_text
+from sparkops.units import fixed_gib_text
 
 REPORTED = "reported"
-MARGIN_KEY = "margin_gib"
 
 FITS = "fits"
 SQUEEZES = "squeezes"
@@ -109,11 +108,6 @@ def _weakest(*confidences: str) -> str:
 
 
 # --- the rule a prefill fits by ------------------------------------------------------------------
-
-
-def squeeze_margin_bytes() -> int:
-    """The prefill-squeeze alert's margin in force on this installation, in bytes."""
-    return int(rule_settings(PREFILL_SQUEEZE.name).thresholds[MARGIN_KEY] * GIB)
 
 
 def prefill_fits(headroom: int | None, need: int | None, margin: int) -> bool | None:
@@ -268,10 +262,10 @@ class Plan:
         return [reason for reason in reasons if reason]
 
 
-def plan(node: Node, engines: list[Engine], request: PlanRequest,
-         margin: int | None = None) -> Plan:
-    """The node's ledger after ``request``'s change next to today's. Raises :class:`PlanError`."""
-    margin = squeeze_margin_bytes() if margin is None else margin
+def plan(node: Node, engines: list[Engine], request: PlanRequest, margin: int) -> Plan:
+    """The node's ledger after ``request``'s change next to today's, a prefill fitting with
+    ``margin`` bytes to spare (the prefill-squeeze alert's, for the pages and alerts; what the
+    plan was checked with, for a restart). Raises :class:`PlanError`."""
     ledger = node.ledger or {}
     if not ledger or not ledger.get("mem_total"):
         raise PlanError(f"node {node.name} has no memory ledger yet: wait for its first "
@@ -590,7 +584,7 @@ def _largest_pool(ledger: dict, share: dict | None, margin: int, weights: Figure
             limits.append((room + held_today.value - weights.value - graphs.value  # type: ignore
                            - margin - need, name, where))
     best, binding, where = min(limits)
-    margin_text = f"margin {fixed_gib_text(margin)} (the prefill-squeeze alert's)"
+    margin_text = f"margin {fixed_gib_text(margin)}"
     if best <= 0:
         return none(f"no pool leaves {binding}'s prefill room within the {where} "
                     f"({margin_text})")
