@@ -49,10 +49,11 @@ from collectors.kinds.llamaswap import (
 )
 from collectors.kinds.registry import READERS, reader_for
 from collectors.modelconfig import activation_bytes_per_token, read_container_model_config
-from collectors.models import Engine, EngineMetric, EngineSample, Event, Node
+from collectors.models import Engine, EngineMetric, EngineSample, Event, Node, start_identity
 from collectors.nvml import GpuReport, processes_by_container
 from collectors.procfs import container_ids_for_pids, inode_seen_by_process
 from collectors.redaction import mask_command, mask_env, mask_text
+from collectors.starts import observe_starts
 from collectors.vllm.findings import MountCheck
 from collectors.vllm.metrics import MetricsSnapshot
 from collectors.vllm.rates import Observation, Rates, compute_rates
@@ -136,7 +137,9 @@ def collect_engines(
         EngineSample.objects.bulk_create(samples)
         Event.objects.bulk_create(events)
         _mark_gone(node, known.values(), {e.pk for e, _ in present}, now)
-    return [engine for engine, _ in present]
+    engines = [engine for engine, _ in present]
+    observe_starts(node, engines, now)
+    return engines
 
 
 def _parse_config(container: EngineContainer, reader: KindReader) -> tuple[Launch | None, str]:
@@ -180,10 +183,6 @@ def _gpu_memory_by_container(gpu: GpuReport, proc_root: Path) -> dict[str, int |
     return {cid: use.used_gpu_memory_bytes for cid, use in grouped.items() if cid}
 
 
-def _identity(container_id: str, started_at: datetime | None) -> str:
-    return f"{container_id}@{started_at.isoformat() if started_at else '?'}"
-
-
 # What a collection sets on an engine's row; of these only the changed ones are written.
 _COLLECTED_FIELDS = (
     "kind", "container_id", "image", "container_state", "phase", "started_at", "restart_count",
@@ -222,8 +221,8 @@ def _update_engine(node: Node, api: docker.DockerClient, engine: Engine | None, 
                       "started_at": container.started_at, "first_seen": now},
         )
     before = {name: getattr(engine, name) for name in _COLLECTED_FIELDS}
-    identity = _identity(container.id, container.started_at)
-    restarted = not created and identity != _identity(engine.container_id, engine.started_at)
+    identity = start_identity(container.id, container.started_at)
+    restarted = not created and identity != start_identity(engine.container_id, engine.started_at)
     events += _lifecycle_events(engine, container, now, created=created, restarted=restarted)
 
     reader = seen.reader
@@ -398,7 +397,7 @@ def refreshed_model_config(stored: dict[str, Any], container: EngineContainer,
     Read once per container start (again every :data:`MODEL_CONFIG_RETRY` while none was
     found); what was read last is kept while the container is stopped.
     """
-    identity = _identity(container.id, container.started_at)
+    identity = start_identity(container.id, container.started_at)
     if not container.running:
         return stored
     if stored.get("identity") == identity:
@@ -676,7 +675,7 @@ def _adopt_one(node: Node, router: EngineContainer, url: str | None, model: Adop
     engine.last_seen = now
     samples += _container_samples(engine, now)
     pids = sorted(holdings.pids.get(model.name, ())) if holdings else []
-    identity = f"{_identity(router.id, router.started_at)}/{model.name}@{pids[:1]}"
+    identity = f"{start_identity(router.id, router.started_at)}/{model.name}@{pids[:1]}"
     if model.reading is not None or model.read_error:
         events += _apply_scrape(engine, reader or reader_for(kind),
                                 ScrapeOutcome(reading=model.reading, error=model.read_error),

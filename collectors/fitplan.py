@@ -187,15 +187,31 @@ def _compose_service(text: str) -> dict[str, Any] | None:
 
 
 @dataclass(frozen=True)
+class History:
+    """What earlier starts on the node measured, to correct a prediction (collectors.starts):
+    the weights and CUDA graphs the same model reported at its latest start (used where the
+    running engine reports none, e.g. a recreated container that has not loaded yet), and how
+    far the free memory vLLM read at boot typically was from the planner's figure (added to the
+    free memory at boot). ``notes`` says each correction in words."""
+
+    weights_bytes: int | None = None
+    cudagraph_bytes: int | None = None
+    free_at_boot_offset: int | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class PlanRequest:
     """What to plan: an engine of the node by name (None: a new engine) started with
     ``command``; ``version`` names the vLLM release of a new engine; ``drop_page_cache``
-    plans the start after the page cache was dropped."""
+    plans the start after the page cache was dropped; ``history`` corrects the prediction
+    from earlier starts."""
 
     engine: str | None
     command: str
     version: str | None = None
     drop_page_cache: bool = False
+    history: History | None = None
 
 
 @dataclass(frozen=True)
@@ -243,6 +259,7 @@ class Plan:
     refusal_if_cache_dropped: str | None
     largest: LargestPool
     ledger_at: str | None
+    free_at_boot: Figure = field(default_factory=lambda: unknown("not planned"))
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -292,8 +309,9 @@ def plan(node: Node, engines: list[Engine], request: PlanRequest, margin: int) -
     arch = _architecture(config.model, target)
     share = _share(ledger, target)
     same_model = target is not None and config.model == (target.config or {}).get("model")
-    held_today = _held(share)
-    usage = _usage(share, settings) if same_model else Usage()
+    held_today = held_now(share)
+    history = request.history or History()
+    usage = _usage(share, settings, history if same_model else None)
 
     total = ledger["mem_total"]
     available = ledger.get("mem_available")
@@ -303,7 +321,7 @@ def plan(node: Node, engines: list[Engine], request: PlanRequest, margin: int) -
     def free_at_boot(dropped: bool) -> int | None:
         if available is None or freed is None:
             return None
-        seen = available + freed
+        seen = available + freed + (history.free_at_boot_offset or 0)
         return seen if rules.uma_free_is_available or dropped else max(seen - cache, 0)
 
     memory = BootMemory(total, free_at_boot(request.drop_page_cache))
@@ -319,14 +337,16 @@ def plan(node: Node, engines: list[Engine], request: PlanRequest, margin: int) -
                                           pool.utilization, rules) or ""
 
     if usage.weights_bytes is not None:
-        weights_after = Figure(usage.weights_bytes, REPORTED, "as the running engine reported")
+        weights_after = Figure(usage.weights_bytes, REPORTED,
+                               "as the running engine reported" if (share or {}).get("weights")
+                               is not None else "as the latest start of this model reported")
     elif prediction.weights.bytes is not None:
         weights_after = Figure(prediction.weights.bytes, prediction.weights.confidence,
                                prediction.weights.basis)
     else:
         weights_after = unknown("its weights are not known ("
                                 + prediction.weights.confidence.removeprefix("unknown — ") + ")")
-    graphs_after = _graphs_after(share, settings, same_model)
+    graphs_after = _graphs_after(share, settings, same_model, history)
     pool_after = Figure(pool.bytes, pool.confidence, pool.basis) if pool.bytes is not None \
         else unknown(pool.confidence.removeprefix("unknown — "))
     held_after = _sum_figure((weights_after, pool_after, graphs_after))
@@ -353,7 +373,22 @@ def plan(node: Node, engines: list[Engine], request: PlanRequest, margin: int) -
                     else _reported(ledger.get("page_cache_reclaimable"), "as it is today")),
         held=(held_today, held_after), rows=rows, verdict=verdict, verdict_text=text,
         refusal_if_cache_dropped=refusal_dropped, largest=largest, ledger_at=ledger.get("at"),
-        notes=notes)
+        free_at_boot=_free_at_boot_figure(memory.free_at_boot_bytes, rules.uma_free_is_available,
+                                          request.drop_page_cache, history),
+        notes=notes + list(history.notes))
+
+
+def _free_at_boot_figure(value: int | None, uma_available: bool, dropped: bool,
+                         history: History) -> Figure:
+    if value is None:
+        return unknown("MemAvailable or what the engine holds today is not known")
+    read = "MemAvailable" if uma_available else ("MemFree after the drop" if dropped
+                                                 else "MemFree (MemAvailable less the page cache)")
+    basis = f"{read} with what the engine holds today handed back"
+    if history.free_at_boot_offset:
+        basis += (f", {'+' if history.free_at_boot_offset >= 0 else '−'} "
+                  f"{fixed_gib_text(abs(history.free_at_boot_offset))} as earlier starts read it")
+    return Figure(value, ESTIMATE, basis)
 
 
 def _target(engines: list[Engine], name: str | None) -> Engine | None:
@@ -386,9 +421,9 @@ def _share(ledger: dict, target: Engine | None) -> dict | None:
     return next((s for s in ledger.get("engines", []) if s["engine_id"] == target.pk), None)
 
 
-def _held(share: dict | None) -> Figure:
-    """What the planned engine holds today: its weights, pool and CUDA graphs, else what its
-    process holds; 0 for a new engine."""
+def held_now(share: dict | None) -> Figure:
+    """What an engine holds now by its ledger share: its weights, pool and CUDA graphs, else
+    what its process holds (an engine still loading); 0 for a new engine (no share)."""
     if share is None:
         return Figure(0, EXACT, "a new engine holds nothing yet")
     if share.get("reserved") is not None:
@@ -396,19 +431,32 @@ def _held(share: dict | None) -> Figure:
     return _reported(share.get("actual"), "its memory")
 
 
-def _usage(share: dict | None, settings: EngineSettings) -> Usage:
-    if share is None:
+def _usage(share: dict | None, settings: EngineSettings, history: History | None) -> Usage:
+    """Weights and CUDA graphs of the same model: as the running engine reported them, else as
+    its latest start did (``history``); nothing for another model."""
+    if history is None:
         return Usage()
-    graphs = None if settings.enforce_eager else share.get("cuda_graphs")
-    return Usage(weights_bytes=share.get("weights"), cudagraph_bytes=graphs,
-                 basis="weights and CUDA graphs as the running engine's start-up log reported")
+    weights = (share or {}).get("weights")
+    graphs = None if settings.enforce_eager else (share or {}).get("cuda_graphs")
+    if weights is not None:
+        return Usage(weights_bytes=weights, cudagraph_bytes=graphs, basis="weights and CUDA "
+                     "graphs as the running engine's start-up log reported")
+    if history.weights_bytes is None:
+        return Usage()
+    return Usage(weights_bytes=history.weights_bytes,
+                 cudagraph_bytes=None if settings.enforce_eager else history.cudagraph_bytes,
+                 basis="weights and CUDA graphs as the latest start of this model reported")
 
 
-def _graphs_after(share: dict | None, settings: EngineSettings, same_model: bool) -> Figure:
+def _graphs_after(share: dict | None, settings: EngineSettings, same_model: bool,
+                  history: History) -> Figure:
     if settings.enforce_eager:
         return Figure(0, EXACT, "--enforce-eager captures no CUDA graphs")
     if same_model and share is not None and share.get("cuda_graphs") is not None:
         return Figure(share["cuda_graphs"], REPORTED, "as the running engine captured them")
+    if same_model and history.cudagraph_bytes is not None:
+        return Figure(history.cudagraph_bytes, REPORTED,
+                      "as the latest start of this model captured them")
     return Figure(0, ESTIMATE, "CUDA graphs not known, counted as 0: they take a little more")
 
 
@@ -420,6 +468,14 @@ def _sum_figure(parts: tuple[Figure, ...]) -> Figure:
         else ESTIMATE
     return Figure(sum(p.value for p in parts), confidence,  # type: ignore[misc]
                   "weights + KV pool + CUDA graphs")
+
+
+def headroom_after(ledger: dict, share: dict | None, held_today: Figure,
+                   held_after: Figure) -> Figure:
+    """The room left once an engine that holds ``held_today`` (its ledger ``share``; None for
+    one not in the ledger yet) holds ``held_after`` instead: the host's and, for an engine
+    inside the memory budget, the budget's room, whichever is smaller."""
+    return _headrooms(ledger, share, held_today, held_after)[1]
 
 
 def _headrooms(ledger: dict, share: dict | None, held_today: Figure,

@@ -191,11 +191,44 @@ def prefill_estimate(engine: Engine) -> int | None:
     return tokens * per_token
 
 
+# An engine in these phases has not allocated its KV pool yet (vLLM loads its weights and
+# profiles first).
+LOADING_PHASES = ("starting", "loading", "profiling")
+# vLLM prints its memory figures in GiB with two decimals.
+LOG_GIB_PRECISION = 0.005
+
+
+def current_snapshot(engine: Engine) -> dict[str, Any]:
+    """The engine's last metrics snapshot when it was read from the container start the engine
+    runs now; empty otherwise: a container recreated under the same name holds nothing of the
+    pool its predecessor reported until it reports its own (a start still loading weights
+    would otherwise be shown holding the old pool). A model adopted from a router was read
+    under the router's start followed by its own part."""
+    metrics = engine.metrics or {}
+    read_for = str(metrics.get("identity") or "")
+    if read_for and not read_for.startswith(engine.start_identity):
+        return {}
+    return metrics.get("snapshot") or {}
+
+
+def _logged_pool(engine: Engine, startup: dict[str, Any]) -> int | None:
+    """The pool as the start-up log prints it (two decimals of GiB), or as pinned by its flag
+    where the log confirms the flag to those decimals (exact) or says nothing (a log not read).
+    An engine still loading has not allocated it yet, whatever its flag says
+    (collectors.starts predicts it meanwhile)."""
+    pinned = (engine.config or {}).get("kv_cache_memory_bytes")
+    logged = startup.get("kv_cache_gib")
+    if logged is not None:
+        if pinned and abs(pinned / GIB - logged) <= LOG_GIB_PRECISION:
+            return pinned
+        return _gib_to_bytes(logged)
+    return None if engine.phase in LOADING_PHASES else pinned
+
+
 def engine_share(engine: Engine, in_budget: bool | None = None) -> EngineShare:
     startup = engine.startup or {}
-    snapshot = (engine.metrics or {}).get("snapshot") or {}
-    kv_pool = snapshot.get("kv_cache_memory_bytes") or _gib_to_bytes(startup.get("kv_cache_gib")) \
-        or (engine.config or {}).get("kv_cache_memory_bytes")
+    snapshot = current_snapshot(engine)
+    kv_pool = snapshot.get("kv_cache_memory_bytes") or _logged_pool(engine, startup)
     graphs = startup.get("cuda_graph_gib")
     # On GB10 vLLM's profiler can report negative CUDA-graph memory (`Estimated CUDA graph
     # memory` a few GiB below zero): the graphs hold none then.

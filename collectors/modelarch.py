@@ -3,10 +3,21 @@
 vLLM sizes an engine's KV cache from the attention layers the model declares: how many, which
 kind (full attention, sliding-window, no cache of their own), their KV heads and head size.
 This module reads those from a Hugging Face ``config.json`` (:func:`architecture_from_config`;
-multimodal configs keep the language model under ``text_config``) or, when the engine's files
-cannot be read, from :data:`SEEDED`, a table of the models GB10 admins commonly serve, each entry
-naming where its figures come from. A model in neither gets :class:`ArchitectureUnknown` with the
-reason, never a guessed layout.
+multimodal configs keep the language model under ``text_config``). The config.json the engine
+serves is read first (through its container, collectors.modelconfig); when it cannot be read,
+the table of model architectures answers (:func:`seeded_architecture` over
+``collectors.models.ModelArchitecture``): one row per model, found by its Hugging Face repo id,
+one of its aliases or a local path's last two parts, holding a config.json (the fields this
+module reads) or why the model cannot be planned, and where its figures come from. The table is
+seeded with the models GB10 admins commonly serve (``collectors/seeds/model_architectures.json``,
+copied into it by a data migration) and edited under Admin → Model architectures, where a
+pasted config.json is read by :func:`architecture_from_config` before it is saved. A model in
+neither gets :class:`ArchitectureUnknown` with the reason, never a guessed layout.
+
+A table entry's config.json may list under ``sparkops_unknown`` the fields its source does not
+give (:data:`UNKNOWN_FIELDS`: the hidden sizes, whether the checkpoint declares a quantised KV
+cache): they become the architecture's ``gaps``, and a KV quantisation so listed is "not known"
+(``kv_quant_known=False``) rather than "none".
 
 How vLLM turns each layout into cache layers (vllm/model_executor/models/*.py):
 
@@ -34,7 +45,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from collectors.modelconfig import (
     read_container_model_config,
@@ -59,6 +70,14 @@ FIRST_VLLM_WITH = {
 # Bytes per value of an unquantised checkpoint's dtype. vLLM serves float32 checkpoints in a
 # 16-bit dtype by default, so they count 2 too (vllm/config/model.py, dtype "auto").
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 2, "float": 2}
+
+# Not a Hugging Face key: a table entry's list of the fields its source does not give, each
+# with the gap it leaves (Architecture.gaps). Only these may be listed.
+UNKNOWN_KEY = "sparkops_unknown"
+UNKNOWN_FIELDS = {
+    "hidden_size": "hidden sizes (for the prefill estimate and weights from parameters)",
+    "kv_cache_quant_algo": "whether the checkpoint declares an fp8 KV cache",
+}
 
 
 class ArchitectureUnknown(ValueError):
@@ -156,6 +175,9 @@ def architecture_from_config(config: Mapping[str, Any], source: str,
         quant = {"quant_method": "modelopt", **hf_quant_config}
         kv_quant_known = _kv_quant_algo(quant) is None
     quant = quant if isinstance(quant, Mapping) else {}
+    unknown = _unknown_fields(config, text, quant, source)
+    if "kv_cache_quant_algo" in unknown:
+        kv_quant_known = False
     names = config.get("architectures")
     architectures = tuple(name for name in names if isinstance(name, str)) \
         if isinstance(names, list) else ()
@@ -185,7 +207,30 @@ def architecture_from_config(config: Mapping[str, Any], source: str,
         architectures=architectures,
         min_vllm=firsts[0] if firsts else None,
         rope_scaled=_rope_scaled(text, model_type),
+        gaps=tuple(UNKNOWN_FIELDS[name] for name in unknown),
     )
+
+
+def _unknown_fields(config: Mapping[str, Any], text: Mapping[str, Any],
+                    quant: Mapping[str, Any], source: str) -> list[str]:
+    """The fields a table entry's config.json lists under ``sparkops_unknown``: each one of
+    :data:`UNKNOWN_FIELDS` and one the config does not also give."""
+    listed = config.get(UNKNOWN_KEY)
+    if listed is None:
+        return []
+    if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed):
+        raise ArchitectureUnknown(f"{source}: {UNKNOWN_KEY} is not a list of field names")
+    for name in listed:
+        if name not in UNKNOWN_FIELDS:
+            raise ArchitectureUnknown(
+                f"{source}: {UNKNOWN_KEY} lists {name!r}; it may list only "
+                f"{', '.join(UNKNOWN_FIELDS)}")
+        given = _kv_quant_algo(quant) is not None if name == "kv_cache_quant_algo" \
+            else text.get(name) is not None
+        if given:
+            raise ArchitectureUnknown(
+                f"{source}: {UNKNOWN_KEY} lists {name} but the config gives it")
+    return list(dict.fromkeys(listed))
 
 
 def _rope_scaled(text: Mapping[str, Any], model_type: str) -> bool:
@@ -333,108 +378,89 @@ def _kv_quant_algo(quant: Mapping[str, Any]) -> str | None:
     return None
 
 
-# --- the seeded table ----------------------------------------------------------------------------
+# --- the table of model architectures ------------------------------------------------------------
+
+# Where an admin adds or corrects a model the table lacks.
+TABLE_IN_ADMIN = "Admin → Model architectures"
 
 
-def _alternating(num_layers: int, kv_heads: int, head_dim: int, window: int
-                 ) -> tuple[LayerAttention, ...]:
-    """gpt-oss: sliding and full attention alternate, sliding first."""
-    sliding = LayerAttention(SLIDING, kv_heads, head_dim, head_dim, window)
-    full = LayerAttention(FULL, kv_heads, head_dim, head_dim)
-    return tuple(sliding if index % 2 == 0 else full for index in range(num_layers))
+class TableEntry(Protocol):
+    """What is read of a row of the table (collectors.models.ModelArchitecture)."""
 
-
-def _uniform(num_layers: int, kv_heads: int, head_dim: int) -> tuple[LayerAttention, ...]:
-    return (LayerAttention(FULL, kv_heads, head_dim, head_dim),) * num_layers
-
-
-def _gemma4_26b_a4b() -> tuple[LayerAttention, ...]:
-    sliding = LayerAttention(SLIDING, 8, 256, 256, 1024)
-    full = LayerAttention(FULL, 2, 512, 512)
-    return ((sliding,) * 5 + (full,)) * 5
-
-
-_PUBLISHED = "from the published config.json of {repo}"
-_GEMMA4_SOURCE = (
-    "the attention layers vLLM 0.19-0.33 builds for nvidia/Gemma-4-26B-A4B-NVFP4 (gemma4.py: "
-    "30 layers, 5 sliding-window of 8 KV heads x 256 then 1 full of 2 x 512, five times; "
-    "window 1024; 131,072 positions); its hidden sizes are not seeded"
-)
-_MAMBA_HYBRID = (
-    "a hybrid Mamba-2 / attention model (NemotronH): vLLM keeps one fixed-size state per "
-    "request for each Mamba layer, not per token, and sizes the attention blocks to that "
-    "state's page, which this planner does not model; its layer pattern is not seeded, so read "
-    "its config.json for the attention layers"
-)
-
-SEEDED: dict[str, Architecture | str] = {
-    # repo id (lower case) -> the architecture, or why it is left unknown.
-    "nvidia/gemma-4-26b-a4b-nvfp4": Architecture(
-        model_type="gemma4_text", layers=_gemma4_26b_a4b(), source=_GEMMA4_SOURCE,
-        dtype="bfloat16", max_position_embeddings=131072, quant_method="modelopt",
-        quant_algo="nvfp4", kv_quant_known=False, min_vllm="0.19.0",
-        architectures=("Gemma4ForConditionalGeneration",),
-        gaps=("hidden sizes (for the prefill estimate and weights from parameters)",
-              "whether the checkpoint declares an fp8 KV cache")),
-    "openai/gpt-oss-120b": Architecture(
-        model_type="gpt_oss", layers=_alternating(36, 8, 64, 128),
-        source=_PUBLISHED.format(repo="openai/gpt-oss-120b"), dtype="bfloat16",
-        hidden_size=2880, num_attention_heads=64, intermediate_size=2880,
-        moe_intermediate_size=2880, num_experts=128,
-        experts_per_token=4, vocab_size=201088, max_position_embeddings=131072,
-        quant_method="mxfp4", min_vllm="0.10.1"),
-    "openai/gpt-oss-20b": Architecture(
-        model_type="gpt_oss", layers=_alternating(24, 8, 64, 128),
-        source=_PUBLISHED.format(repo="openai/gpt-oss-20b"), dtype="bfloat16",
-        hidden_size=2880, num_attention_heads=64, intermediate_size=2880,
-        moe_intermediate_size=2880, num_experts=32,
-        experts_per_token=4, vocab_size=201088, max_position_embeddings=131072,
-        quant_method="mxfp4", min_vllm="0.10.1"),
-    "meta-llama/llama-3.1-8b-instruct": Architecture(
-        model_type="llama", layers=_uniform(32, 8, 128),
-        source=_PUBLISHED.format(repo="meta-llama/Llama-3.1-8B-Instruct"), dtype="bfloat16",
-        hidden_size=4096, num_attention_heads=32, intermediate_size=14336, vocab_size=128256,
-        max_position_embeddings=131072),
-    "meta-llama/llama-3.1-70b-instruct": Architecture(
-        model_type="llama", layers=_uniform(80, 8, 128),
-        source=_PUBLISHED.format(repo="meta-llama/Llama-3.1-70B-Instruct"), dtype="bfloat16",
-        hidden_size=8192, num_attention_heads=64, intermediate_size=28672, vocab_size=128256,
-        max_position_embeddings=131072),
-    "qwen/qwen3-30b-a3b": Architecture(
-        model_type="qwen3_moe", layers=_uniform(48, 4, 128),
-        source=_PUBLISHED.format(repo="Qwen/Qwen3-30B-A3B"), dtype="bfloat16",
-        hidden_size=2048, num_attention_heads=32, intermediate_size=6144,
-        moe_intermediate_size=768, num_experts=128, experts_per_token=8, vocab_size=151936,
-        max_position_embeddings=40960),
-    "nvidia/nvidia-nemotron-nano-9b-v2": _MAMBA_HYBRID,
-    "nvidia/nvidia-nemotron-nano-12b-v2": _MAMBA_HYBRID,
-    "nvidia/nemotron-3-super-120b-a12b-nvfp4": _MAMBA_HYBRID,
-}
-# Checkpoints of the same model under another name: same layers, same figures.
-SEEDED_ALIASES = {
-    "google/gemma-4-26b-a4b-it": "nvidia/gemma-4-26b-a4b-nvfp4",
-    "redhatai/gemma-4-26b-a4b-it-nvfp4": "nvidia/gemma-4-26b-a4b-nvfp4",
-    "redhatai/gemma-4-26b-a4b-it-fp8-dynamic": "nvidia/gemma-4-26b-a4b-nvfp4",
-    "meta-llama/llama-3.1-8b": "meta-llama/llama-3.1-8b-instruct",
-    "meta-llama/llama-3.1-70b": "meta-llama/llama-3.1-70b-instruct",
-    "meta-llama/llama-3.3-70b-instruct": "meta-llama/llama-3.1-70b-instruct",
-}
+    repo_id: str
+    config: Any
+    hf_quant_config: Any
+    unknown_reason: str
+    source: str
 
 
 def seeded_architecture(model: str | None) -> Architecture:
-    """The seeded architecture of a model named by its Hugging Face repo id (a local path's
-    last two parts are tried too); raises :class:`ArchitectureUnknown` with the reason."""
+    """The architecture the table of model architectures holds for a model named by its
+    Hugging Face repo id or one of its aliases (a local path's last two parts and a Hugging Face
+    cache folder's name are tried too); raises :class:`ArchitectureUnknown` with the reason.
+    One query."""
     if not model:
         raise ArchitectureUnknown("the engine names no model")
-    for key in _candidate_keys(model):
-        key = SEEDED_ALIASES.get(key, key)
-        entry = SEEDED.get(key)
-        if isinstance(entry, str):
-            raise ArchitectureUnknown(f"{model} is {entry}")
-        if entry is not None:
-            return entry
-    raise ArchitectureUnknown(
-        f"{model} is not in the seeded table of models and its config.json was not read")
+    entry = _table_entry(_candidate_keys(model))
+    if entry is None:
+        raise ArchitectureUnknown(
+            f"{model} is not in the seeded table of model architectures and its config.json "
+            f"was not read; add it under {TABLE_IN_ADMIN}")
+    return architecture_from_table_entry(entry, model)
+
+
+def architecture_from_table_entry(entry: TableEntry, model: str | None = None) -> Architecture:
+    """The architecture of one table entry, its ``source`` the entry's; raises
+    :class:`ArchitectureUnknown` with the entry's reason (``"<model> is <reason>"``) or with
+    what its config.json lacks."""
+    if entry.unknown_reason:
+        raise ArchitectureUnknown(f"{model or entry.repo_id} is {entry.unknown_reason}")
+    where = f"the config.json of {entry.repo_id} in the table of model architectures"
+    arch = architecture_from_config(entry.config, where, entry.hf_quant_config)
+    return replace(arch, source=entry.source)
+
+
+def table_entry_problems(config: Any, hf_quant_config: Any, unknown_reason: str
+                         ) -> dict[str, str]:
+    """Why an entry could not be read by the planner, by field (empty when it can): exactly one
+    of a config.json and a reason, and the config.json as :func:`architecture_from_config`
+    reads it."""
+    has_config, has_reason = config is not None, bool(unknown_reason.strip())
+    if has_config and has_reason:
+        return {"unknown_reason": "give either the model's config.json or why it cannot be "
+                                  "planned, not both"}
+    if not has_config and not has_reason:
+        return {"config": "give the model's config.json, or say why it cannot be planned"}
+    if hf_quant_config is not None and not has_config:
+        return {"hf_quant_config": "an hf_quant_config.json is read only with its config.json"}
+    if hf_quant_config is not None and not isinstance(hf_quant_config, Mapping):
+        return {"hf_quant_config": "hf_quant_config.json is not a JSON object"}
+    if has_config:
+        try:
+            architecture_from_config(config, "config.json", hf_quant_config)
+        except ArchitectureUnknown as why:
+            return {"config": str(why)}
+    return {}
+
+
+def _table_entry(keys: list[str]) -> TableEntry | None:
+    """The row of the first key that is a repo id or an alias (repo ids before aliases)."""
+    from django.db.models import Q
+
+    from collectors.models import ModelArchitecture
+
+    match = Q(repo_id__in=keys)
+    for key in keys:
+        match |= Q(aliases__contains=key)
+    rows = list(ModelArchitecture.objects.filter(match))
+    for key in keys:
+        for row in rows:
+            if row.repo_id == key:
+                return row
+        for row in rows:
+            if key in row.alias_list:
+                return row
+    return None
 
 
 def _candidate_keys(model: str) -> list[str]:
@@ -466,7 +492,8 @@ def architecture_from_model_dir(model_dir: Path) -> Architecture:
 def architecture_from_container(model: str | None, env: dict[str, str], pid: int | None,
                                 proc_root: Path = Path("/proc")) -> Architecture:
     """The architecture of the model an engine's container serves, from the config.json it sees
-    through ``/proc/<pid>/root`` (collectors.modelconfig), else the seeded table; raises
+    through ``/proc/<pid>/root`` (collectors.modelconfig), else the table of model
+    architectures; raises
     :class:`ArchitectureUnknown` naming both reasons."""
     config, where = read_container_model_config(model, env, pid, proc_root)
     if config is not None and pid is not None:
@@ -482,7 +509,8 @@ def architecture_from_container(model: str | None, env: dict[str, str], pid: int
 def architecture_for(model: str | None, config: Mapping[str, Any] | None = None,
                      config_source: str | None = None) -> Architecture:
     """The model's architecture: from its config.json when one was read (through the engine's
-    mounts or ``/proc/<pid>/root``, see collectors.modelconfig), else from the seeded table."""
+    mounts or ``/proc/<pid>/root``, see collectors.modelconfig), else from the table of model
+    architectures (:func:`seeded_architecture`)."""
     if config:
         return architecture_from_config(config, config_source or "the model's config.json")
     return seeded_architecture(model)

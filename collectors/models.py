@@ -7,6 +7,10 @@ migration, and each chart query reads one (node, metric, time-range) slice of on
 
 from __future__ import annotations
 
+from datetime import datetime
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
@@ -135,6 +139,13 @@ class Rollup(models.Model):
 MANAGE_LABEL = "sparkops.manage"
 
 
+def start_identity(container_id: str, started_at: datetime | None) -> str:
+    """One container start: its id and start time (a new id or start time is a restart). What
+    an engine read from its endpoints or its files records, to be told apart from what an
+    earlier start of the same engine left."""
+    return f"{container_id}@{started_at.isoformat() if started_at else '?'}"
+
+
 class Engine(models.Model):
     """An LLM engine container on a node, known by its container name.
 
@@ -196,6 +207,11 @@ class Engine(models.Model):
         return f"{self.node.name}/{self.name}"
 
     @property
+    def start_identity(self) -> str:
+        """The container start the engine row describes now (:func:`start_identity`)."""
+        return start_identity(self.container_id, self.started_at)
+
+    @property
     def manageable(self) -> bool:
         """May SparkOps stop and start it? An admin's setting, or ``sparkops.manage=true``.
         Never a model adopted from a router (llama-swap): its container is the router's, and
@@ -203,6 +219,51 @@ class Engine(models.Model):
         if (self.config or {}).get("router"):
             return False
         return self.managed or (self.labels or {}).get(MANAGE_LABEL, "").lower() == "true"
+
+
+class EngineStart(models.Model):
+    """One start of an engine (a container start): what SparkOps predicted it would reserve when
+    it saw it starting, and what the engine reported once ready (collectors.starts).
+
+    ``predicted`` and ``actual`` map a figure's name (``weights``, ``kv_pool``, ``cuda_graphs``,
+    ``held``, ``kv_tokens``, ``concurrency``, ``prefill_need``, ``free_at_boot``,
+    ``startup_seconds``) to ``{"value": number or None, "confidence": ..., "basis": ...}``; an
+    unknown figure has value None and says why, never 0. ``no_prediction`` says why nothing was
+    predicted (the engine was first seen after its pool was allocated, its release is not
+    modelled, ...). ``corrections`` names what earlier starts changed in the prediction.
+    """
+
+    class Outcome(models.TextChoices):
+        STARTING = "starting"
+        READY = "ready"
+        FAILED = "failed"
+        GONE = "gone"  # stopped, removed or started again before it was ready
+
+    engine = models.ForeignKey(Engine, on_delete=models.CASCADE, related_name="starts")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
+    identity = models.CharField(max_length=128)  # container id @ container start time
+    container_started_at = models.DateTimeField(null=True, blank=True)
+    seen_at = models.DateTimeField()
+    version = models.CharField(max_length=64, blank=True)
+    model = models.CharField(max_length=512, blank=True)
+    config = models.JSONField(default=dict)  # the launch flags of this start
+    predicted_at = models.DateTimeField(null=True, blank=True)
+    predicted = models.JSONField(default=dict)
+    no_prediction = models.TextField(blank=True)
+    corrections = models.JSONField(default=list)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, default=Outcome.STARTING)
+    finished_at = models.DateTimeField(null=True, blank=True)  # ready, failed or gone
+    actual = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-seen_at", "-pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["engine", "identity"], name="enginestart_one_per_start")
+        ]
+        indexes = [models.Index(fields=["node", "outcome"], name="enginestart_node_outcome")]
+
+    def __str__(self) -> str:
+        return f"start of {self.engine} at {self.container_started_at or self.seen_at}"
 
 
 class EngineMetric(models.IntegerChoices):
@@ -362,3 +423,87 @@ class LedgerChange(models.Model):
     @property
     def growth_bytes(self) -> int:
         return (self.after_bytes or 0) - (self.before_bytes or 0)
+
+
+class ModelArchitecture(models.Model):
+    """A model's architecture as the KV planner reads it when an engine's own config.json cannot
+    be read (collectors.modelarch.seeded_architecture): one row per model, found by its Hugging
+    Face repo id or an alias. A row holds either ``config`` (a config.json: the fields
+    ``architecture_from_config`` reads, with ``hf_quant_config`` for older ModelOpt exports) or
+    ``unknown_reason`` (why the planner cannot size the model), never both, and ``source`` says
+    where its figures come from.
+
+    Seeded by a data migration from ``collectors/seeds/model_architectures.json`` and edited
+    under Admin → Model architectures; :meth:`clean` refuses a row the planner cannot read, and
+    the admin records who changed a row and that it is no longer an untouched seed.
+    """
+
+    repo_id = models.CharField(
+        "model", max_length=255, unique=True,
+        help_text="The Hugging Face repo id, e.g. nvidia/Gemma-4-26B-A4B-NVFP4 (kept in lower "
+                  "case).")
+    aliases = models.TextField(
+        blank=True, help_text="Other names of the same checkpoint, one repo id per line.")
+    config = models.JSONField(
+        "config.json", null=True, blank=True,
+        help_text="The model's config.json as published (at least the fields the planner "
+                  "reads). Leave it empty when the model cannot be planned and say why below.")
+    hf_quant_config = models.JSONField(
+        "hf_quant_config.json", null=True, blank=True,
+        help_text="Only for older ModelOpt exports that write it instead of a "
+                  "quantization_config.")
+    unknown_reason = models.TextField(
+        "why it cannot be planned", blank=True,
+        help_text="Completes “<model> is …”, e.g. “a hybrid Mamba-2 / attention model …”.")
+    source = models.TextField(help_text="Where the figures come from, in words.")
+    changed_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    changed_at = models.DateTimeField(default=timezone.now)
+    # True while the row is as the seed migration wrote it; an admin's save clears it.
+    untouched_seed = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["repo_id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(models.Q(config__isnull=False, unknown_reason="")
+                           | (models.Q(config__isnull=True) & ~models.Q(unknown_reason=""))),
+                name="modelarch_config_or_reason",
+                violation_error_message="A model architecture holds either a config.json or "
+                                        "why it cannot be planned."),
+        ]
+
+    def __str__(self) -> str:
+        return self.repo_id
+
+    @property
+    def alias_list(self) -> list[str]:
+        return _repo_ids(self.aliases)
+
+    def clean(self) -> None:
+        """Lower-cases the names and refuses a row the planner could not read: each field's
+        problem in words (collectors.modelarch.table_entry_problems), and a name another row
+        already has."""
+        from collectors.modelarch import table_entry_problems
+
+        self.repo_id = self.repo_id.strip().rstrip("/").lower()
+        aliases = [alias for alias in self.alias_list if alias != self.repo_id]
+        self.aliases = "\n".join(dict.fromkeys(aliases))
+        problems = table_entry_problems(self.config, self.hf_quant_config, self.unknown_reason)
+        # Every name of every other row (a small table): each name finds one row only.
+        taken = {name: row.repo_id for row in ModelArchitecture.objects.exclude(pk=self.pk)
+                 for name in [*row.alias_list, row.repo_id]}
+        if self.repo_id in taken:
+            owner = taken[self.repo_id]
+            problems["repo_id"] = (f"{self.repo_id} is already in the table" if owner ==
+                                   self.repo_id else f"{self.repo_id} is an alias of {owner}")
+        clashes = [f"{alias} (of {taken[alias]})" for alias in aliases if alias in taken]
+        if clashes:
+            problems["aliases"] = f"already another model's name: {', '.join(clashes)}"
+        if problems:
+            raise ValidationError(problems)
+
+
+def _repo_ids(text: str) -> list[str]:
+    return [line.strip().rstrip("/").lower() for line in (text or "").splitlines()
+            if line.strip()]

@@ -11,7 +11,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from collectors.enginecard import engine_card
-from collectors.models import Engine, EngineMetric, Event, Node
+from collectors.models import Engine, EngineMetric, EngineStart, Event, Node
+from collectors.starts import figure_errors
 from dashboard.downsample import break_long_gaps, downsample
 from dashboard.memory import RANGES, gap_step_seconds
 from dashboard.restarts.models import Restart
@@ -145,3 +146,15 @@ def humanise_ledger(ledger: dict | None) -> dict | None:
     for process in ledger["processes"]:
         process["text"] = gib_text(process["gib"])
     return ledger
+
+
+# Starts shown on the engine page, latest first.
+STARTS_SHOWN = 5
+
+
+def start_predictions(engine: Engine) -> list[dict]:
+    """The engine's latest starts, each with what was predicted, what it reported and the
+    error of each figure (``collectors.starts``); one query."""
+    starts = EngineStart.objects.filter(engine=engine).order_by("-seen_at", "-pk")[:STARTS_SHOWN]
+    return [{"start": start, "figures": figure_errors(start),
+             "corrections": start.corrections or []} for start in starts]

@@ -20,6 +20,7 @@ from dashboard.engines import (
     node_engine_cards,
     recent_events,
     restart_history,
+    start_predictions,
 )
 from dashboard.gpuseries import current_gpus
 from dashboard.ledger import ledger_bar
@@ -107,6 +108,7 @@ def engine_detail(request: HttpRequest, node: str, engine: str) -> HttpResponse:
         "config_rows": sorted((found.config or {}).get("all_flags", {}).items()),
         "events": recent_events(found),
         "restarts": restart_history(found),
+        "starts": start_predictions(found),
         "roofline": engine_roofline(
             found, timezone.now(), bandwidth_gbps=settings.SPARKOPS_MEMORY_BANDWIDTH_GBPS,
             interval=settings.SPARKOPS_COLLECT_INTERVAL,

@@ -3,6 +3,7 @@ and throwaway Redis and PostgreSQL servers started from the real Debian binaries
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
@@ -54,6 +55,27 @@ def _remove_the_tests_containers() -> Iterator[None]:
     # would be the next test's neighbours, in its ledger and its discovery.
     yield
     remove_started_containers()
+
+
+SEED_MIGRATION = "collectors.migrations.0012_seed_model_architectures"
+
+
+@pytest.fixture(autouse=True)
+def _seeded_model_architectures(request) -> None:
+    # The table of model architectures is seeded by a data migration, and a transactional
+    # test's flush empties every table for the tests after it: a test with the database sees
+    # the table as a fresh installation has it, seeded by that same migration.
+    wants_db = request.node.get_closest_marker("django_db") is not None \
+        or {"db", "transactional_db", "live_server"} & set(request.fixturenames)
+    if not wants_db:
+        return
+    request.getfixturevalue("db")
+    from django.apps import apps
+
+    from collectors.models import ModelArchitecture
+
+    if not ModelArchitecture.objects.exists():
+        importlib.import_module(SEED_MIGRATION).seed_model_architectures(apps, None)
 
 
 @pytest.fixture

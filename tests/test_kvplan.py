@@ -32,6 +32,9 @@ from collectors.vllm.flags import parse_command_line
 from collectors.vllm.kvplan import EngineSettings, FlagRejected, plan_kv, settings_from_config
 from collectors.vllm.poolplan import BootMemory, Usage, plan_pool, predict
 
+# The seeded architectures are rows of the model architecture table.
+pytestmark = pytest.mark.django_db
+
 GIB = 1024**3
 GEMMA = "nvidia/Gemma-4-26B-A4B-NVFP4"
 # The seed's engine: a pinned 20 GiB pool, fp8 KV, 131,072-token requests.

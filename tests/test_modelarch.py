@@ -1,6 +1,7 @@
 """A model's architecture for the KV planner: read from config.json (directly, or inside an
-engine's container through /proc/<pid>/root), or from the seeded table; weights from the
-checkpoint or the parameter count (collectors.modelarch)."""
+engine's container through /proc/<pid>/root), or from the table of model architectures (its
+seed rows here; tests/test_model_architecture_table.py covers the table and its admin); weights
+from the checkpoint or the parameter count (collectors.modelarch)."""
 
 from __future__ import annotations
 
@@ -12,18 +13,20 @@ import pytest
 from collectors.modelarch import (
     FULL,
     MAMBA,
-    SEEDED,
     SHARED,
     SLIDING,
+    UNKNOWN_FIELDS,
     ArchitectureUnknown,
     architecture_for,
     architecture_from_config,
     architecture_from_container,
     architecture_from_model_dir,
+    architecture_from_table_entry,
     checkpoint_bytes,
     seeded_architecture,
     weights_from_architecture,
 )
+from collectors.models import ModelArchitecture
 
 LLAMA_LIKE = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4,
@@ -155,9 +158,35 @@ def test_an_older_modelopt_exports_separate_quant_file_is_read(tmp_path):
         architecture_from_model_dir(tmp_path / "missing")
 
 
-# --- the seeded table ----------------------------------------------------------------------------
+def test_fields_a_table_entry_leaves_unknown_are_gaps_and_an_unknown_kv_quantisation():
+    """A table entry's config.json lists under sparkops_unknown what its source does not give:
+    each becomes a gap, and a KV quantisation so listed is not known rather than none."""
+    config = {**LLAMA_LIKE, "quantization_config": {"quant_method": "modelopt",
+                                                    "quant_algo": "NVFP4"}}
+    assert architecture_from_config(config, "c").kv_quant_known is True
+    listed = {**config, "sparkops_unknown": ["kv_cache_quant_algo"]}
+    arch = architecture_from_config(listed, "c")
+    assert arch.kv_quant_known is False and arch.kv_cache_quant_algo is None
+    assert arch.gaps == (UNKNOWN_FIELDS["kv_cache_quant_algo"],)
+    assert kinds(arch) == kinds(architecture_from_config(config, "c"))
 
 
+@pytest.mark.parametrize(("listed", "message"), [
+    ("hidden_size", "c: sparkops_unknown is not a list of field names"),
+    (["vocab_size"], "c: sparkops_unknown lists 'vocab_size'; it may list only hidden_size, "
+                     "kv_cache_quant_algo"),
+    (["hidden_size"], "c: sparkops_unknown lists hidden_size but the config gives it"),
+])
+def test_a_wrong_list_of_unknown_fields_is_refused(listed, message):
+    with pytest.raises(ArchitectureUnknown) as raised:
+        architecture_from_config({**LLAMA_LIKE, "sparkops_unknown": listed}, "c")
+    assert str(raised.value) == message
+
+
+# --- the table's seed rows -----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("name", [
     "nvidia/Gemma-4-26B-A4B-NVFP4", "NVIDIA/gemma-4-26b-a4b-nvfp4",
     "google/gemma-4-26B-A4B-it", "/models/nvidia/Gemma-4-26B-A4B-NVFP4/",
@@ -169,6 +198,7 @@ def test_seeded_names_are_found_however_they_are_written(name):
     assert "Gemma-4-26B-A4B-NVFP4" in arch.source
 
 
+@pytest.mark.django_db
 def test_the_seeded_gemma_4_layout_is_the_seeds():
     layers = seeded_architecture("nvidia/Gemma-4-26B-A4B-NVFP4").layers
     assert [layer.kind for layer in layers] == ([SLIDING] * 5 + [FULL]) * 5
@@ -176,16 +206,23 @@ def test_the_seeded_gemma_4_layout_is_the_seeds():
     assert (layers[5].num_kv_heads, layers[5].head_dim) == (2, 512)
 
 
+@pytest.mark.django_db
 def test_every_seeded_entry_names_its_source_or_why_it_is_left_unknown():
-    for name, entry in SEEDED.items():
-        if isinstance(entry, str):
-            assert "config.json" in entry, name
+    rows = list(ModelArchitecture.objects.filter(untouched_seed=True))
+    assert len(rows) == 9
+    for row in rows:
+        assert row.source, row.repo_id
+        if row.unknown_reason:
+            assert "config.json" in row.unknown_reason, row.repo_id
         else:
-            assert entry.source and entry.layers, name
+            assert architecture_from_table_entry(row).layers, row.repo_id
 
 
+@pytest.mark.django_db
 @pytest.mark.parametrize(("name", "message"), [
-    ("someone/unheard-of-7b", "someone/unheard-of-7b is not in the seeded table of models"),
+    ("someone/unheard-of-7b", "someone/unheard-of-7b is not in the seeded table of model "
+                              "architectures and its config.json was not read; add it under "
+                              "Admin → Model architectures"),
     ("nvidia/NVIDIA-Nemotron-Nano-9B-v2",
      "one fixed-size state per request for each Mamba layer, not per token"),
     (None, "the engine names no model"),
@@ -196,12 +233,14 @@ def test_models_the_table_cannot_describe_are_unknown_with_the_reason(name, mess
     assert message in str(raised.value)
 
 
+@pytest.mark.django_db
 def test_a_read_config_wins_over_the_seed():
     arch = architecture_for("meta-llama/Llama-3.1-8B-Instruct", LLAMA_LIKE, "/m/config.json")
     assert len(arch.layers) == 4 and arch.source == "/m/config.json"
     assert len(architecture_for("meta-llama/Llama-3.1-8B-Instruct").layers) == 32
 
 
+@pytest.mark.django_db
 def test_the_architecture_through_a_containers_root(tmp_path):
     """The config.json the container sees in its Hugging Face cache, through
     /proc/<pid>/root; without one the seed answers, and a model in neither says both."""
@@ -246,6 +285,7 @@ def test_no_checkpoint_is_unknown(tmp_path):
     assert checkpoint_bytes(tmp_path).confidence.startswith("unknown — no *.safetensors")
 
 
+@pytest.mark.django_db
 @pytest.mark.parametrize(("name", "billions", "gib"), [
     ("meta-llama/Llama-3.1-8B-Instruct", 8.0, 15.0),
     ("openai/gpt-oss-120b", 116.8, 60.6),
@@ -258,6 +298,7 @@ def test_weights_from_the_parameter_count(name, billions, gib):
     assert found.confidence == "estimate"
 
 
+@pytest.mark.django_db
 def test_weights_without_the_sizes_are_unknown():
     found = weights_from_architecture(seeded_architecture("nvidia/Gemma-4-26B-A4B-NVFP4"))
     assert found.bytes is None and found.confidence.startswith("unknown — hidden_size")

@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from collectors.ledger import build_ledger, record_changes
-from collectors.models import Engine, EngineMetric, EngineSample, Metric, Sample
+from collectors.models import Engine, EngineMetric, EngineSample, EngineStart, Metric, Sample
 from dashboard.alerting.models import Alert
 from dashboard.alerting.pipeline import run_alerts
 from dashboard.alerting.rules import (
@@ -186,6 +186,8 @@ def test_every_rule_names_its_conditions_after_itself(node):
     for kind, status in (("planned", "failed"), ("unplanned", "detected")):
         Restart.objects.create(node=node, engine=engine, kind=kind, status=status,
                                requested_at=T0 - timedelta(minutes=1))
+    EngineStart.objects.create(engine=engine, node=node, identity="c1@t0", seen_at=T0,
+                               predicted={"held": {"value": GIB, "confidence": "exact"}})
 
     named = {name: {c.rule for c in rule.evaluate(node, ledger, [engine],
                                                   _thresholds(name), T0)}

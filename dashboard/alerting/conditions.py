@@ -24,6 +24,7 @@ class Condition:
     "bad when value < threshold" (headroom); "above" means "bad when value > threshold".
     ``clear`` is the hysteresis edge (>= threshold for "below", <= threshold for "above").
     ``summary`` is one line for people; ``details`` holds the numbers and the cause, JSON-ready.
+    ``settled`` (a predicting rule's) ends the question the alert asked: see the field.
     """
 
     rule: str
@@ -36,6 +37,9 @@ class Condition:
     severity: Severity
     summary: str
     details: dict[str, Any] = field(default_factory=dict)
+    # A prediction met its outcome (the engine it was about is ready, failed or gone): the
+    # scope's open alert resolves with these words whatever the value; none is opened.
+    settled: str | None = None
 
     @property
     def scope(self) -> str:

@@ -5,7 +5,8 @@ Like Prometheus and Alertmanager, an alert for a scope (rule, node, engine) is
 * **pending** from the moment its condition crosses the threshold,
 * **firing** once the condition has stayed active for the rule's ``for_seconds`` (at once for 0),
 * **resolved** when the value comes back past the clear edge, when its scope is no longer
-  evaluated (an engine was removed) or when its rule is disabled.
+  evaluated (an engine was removed), when its rule is disabled, or, for a rule that predicts,
+  when the prediction met its outcome (``Condition.settled``: "settled", with the rule's words).
 
 Between the threshold and the clear edge the alert keeps its state (hysteresis), so a value
 hovering at the threshold opens one alert and sends one firing notice, not a storm. A value of
@@ -250,7 +251,7 @@ class _Round:
                 with transaction.atomic():
                     alert = _lock_open(condition.scope)
                     if alert is None:
-                        if not condition.crosses_threshold():
+                        if condition.settled or not condition.crosses_threshold():
                             return []
                         alert = self._open(condition)
                     notice = self._advance(alert, condition, setting)
@@ -279,6 +280,9 @@ class _Round:
     def _advance(self, alert: Alert, condition: Condition,
                  setting: EffectiveSetting) -> Notice | None:
         alert.last_evaluated_at = self.now
+        if condition.settled:
+            self._refresh(alert, condition)
+            return self._resolve(alert, ResolveReason.SETTLED, condition.settled)
         if condition.value is None:
             alert.last_evaluation = "unknown"
             alert.save(update_fields=["last_evaluated_at", "last_evaluation"])

@@ -37,6 +37,7 @@ class ResolveReason(models.TextChoices):
     NEVER_FIRED = "never fired", "cleared while pending, never fired"
     NO_LONGER_APPLIES = "no longer applies", "no longer applies (scope gone)"
     RULE_DISABLED = "rule disabled", "rule disabled"
+    SETTLED = "settled", "the prediction met its outcome"
 
 
 class Alert(models.Model):

@@ -13,6 +13,7 @@ from dashboard.alerting.rules import (
     engine_down,
     headroom_floor,
     overcommit,
+    predicted_squeeze,
     prefill_squeeze,
     prefill_stall,
     queue_backlog,
@@ -25,6 +26,7 @@ RULES: dict[str, Rule] = {
     rule.name: rule
     for rule in (
         prefill_squeeze.RULE,
+        predicted_squeeze.RULE,
         headroom_floor.RULE,
         queue_backlog.RULE,
         prefill_stall.RULE,
