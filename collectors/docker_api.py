@@ -14,9 +14,10 @@ inspected and its memory comes from the engine's stats call, as before. The API 
 negotiated once per address and kept while the engine answers.
 
 The calls it makes are few and fixed (list, inspect, logs, stats; stop and start for planned
-restarts), so the socket can sit behind a proxy that allows only those
-(``deploy/docker-proxy/haproxy.cfg``). In read-only mode (``SPARKOPS_READ_ONLY``) stop and start
-are refused here, before the engine is asked, whoever calls them.
+restarts; create, rename and remove only for a planned restart that recreates its container with
+new flags, :func:`recreate_with_command`), so the socket can sit behind a proxy that allows only
+those (``deploy/docker-proxy/haproxy.cfg``). In read-only mode (``SPARKOPS_READ_ONLY``) stop,
+start and recreation are refused here, before the engine is asked, whoever calls them.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from django.conf import settings
 
 from collectors.kinds.discovery import kind_of
 from collectors.procfs import container_cgroups, process_start_time
+from sparkops.install import PROXY_SOCKET_URL
 
 URL_LABEL = "sparkops.url"
 API_TIMEOUT_SECONDS = 10
@@ -178,7 +180,8 @@ def discover_engines(engine: docker.DockerClient, *, proc_root: Path = Path("/pr
             seen = _inspect(engine, summary, _inspected.get(summary["Id"]), proc_root)
             _inspected[summary["Id"]] = seen
             kind = engine_kind(seen.attrs)
-            if kind is not None:
+            # An old container kept while its replacement starts is not an engine of its own.
+            if kind is not None and not is_replaced_name(seen.attrs.get("Name") or ""):
                 memory = None
                 if (seen.attrs.get("State") or {}).get("Status") == "running":
                     memory = _cgroup_memory(seen.memory_file, cgroup_root)
@@ -342,9 +345,11 @@ def metrics_base_url(container: EngineContainer, port: int) -> str | None:
 
 
 # --- the verbs a planned restart uses ------------------------------------------------------------
-# SparkOps stops and starts engine containers, and nothing else: no create, exec, kill or remove.
-# These functions do not know which containers may be touched; the runbook checks the engine's
-# ``manageable`` flag (and audits) before it calls them. They refuse in read-only mode.
+# SparkOps stops and starts engine containers; the one other change it makes is replacing an
+# engine's container by one with another command, for a plan that asks it (the next section). No
+# exec or kill. These functions do not know which containers may be touched; the runbook checks
+# the engine's ``manageable`` flag (and audits) before it calls them. They refuse in read-only
+# mode.
 
 STOP_TIMEOUT_SECONDS = 30
 
@@ -435,6 +440,254 @@ def start_container(engine: docker.DockerClient, container_id: str) -> None:
 def _refuse_if_read_only(verb: str, container_id: str) -> None:
     if read_only():
         raise ReadOnlyRefused(f"cannot {verb} {container_id[:12]}: {READ_ONLY_TEXT}")
+
+
+def container_command(engine: docker.DockerClient, container_id: str) -> list[str]:
+    """The command a container runs (its entrypoint and arguments, as the engine reports them,
+    secrets not masked). Raises :class:`ContainerEngineError` with the reason."""
+    try:
+        attrs = engine.api.inspect_container(container_id)
+    except docker.errors.NotFound:
+        raise ContainerEngineError(f"cannot inspect {container_id[:12]}: no such container") \
+            from None
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        raise ContainerEngineError(f"cannot inspect {container_id[:12]}: {error}") from None
+    return [attrs.get("Path") or "", *(attrs.get("Args") or [])]
+
+
+# --- recreating a container with another command -------------------------------------------------
+# A plan that changes an engine's flags may ask SparkOps to recreate its container (restarts'
+# "recreate" mode). The new container keeps everything of the old one but its command: image
+# (as the old one names it: a tag pulled anew since then runs the newer image), entrypoint,
+# environment, labels, working directory, user, mounts (anonymous volumes are reattached by name,
+# so their data stays), network mode, networks and aliases, and the whole host configuration
+# (ports, devices, GPU requests, limits, restart policy, cgroup parent). It gets the old name.
+#
+# The old container is kept until the new one serves: renamed to ``<name>-sparkops-replaced-<id>``
+# and stopped. Creating or starting the new one failing puts the old one back under its name at
+# once (:func:`recreate_with_command` raises, saying so); a new one that exits while it starts is
+# replaced by the old one with :func:`restore_replaced`; once the new one serves,
+# :func:`discard_replaced` removes the old one (its volumes are kept). A container created by
+# compose is never recreated here: compose would no longer know it.
+
+COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
+REPLACED_MARKER = "-sparkops-replaced-"
+# Network modes that name no network of their own to rejoin.
+_NO_NETWORK_TO_JOIN = ("host", "none", "")
+
+
+@dataclass(frozen=True)
+class Recreated:
+    """A container replaced by one with another command: the new one runs under ``name``; the
+    old one is kept stopped under ``replaced_name`` until it is discarded or restored."""
+
+    name: str
+    container_id: str
+    replaced_id: str
+    replaced_name: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"name": self.name, "container_id": self.container_id,
+                "replaced_id": self.replaced_id, "replaced_name": self.replaced_name}
+
+
+def is_replaced_name(name: str) -> bool:
+    """Is ``name`` that of an old container kept while its replacement starts?"""
+    return REPLACED_MARKER in name
+
+
+def recreation_refused() -> str | None:
+    """Why no container can be recreated from here, or None: the least-privilege Docker API
+    proxy the installer puts in front of the container engine (``--docker-access proxy``,
+    deploy/docker-proxy/haproxy.cfg) lets SparkOps read, stop and start containers, never
+    create, rename or remove one (creating is as good as root on the host)."""
+    url = os.environ.get("SPARKOPS_DOCKER_HOST") or os.environ.get("DOCKER_HOST") or ""
+    if url.rstrip("/") != PROXY_SOCKET_URL:
+        return None
+    return ("SparkOps reaches the container engine through the least-privilege Docker API "
+            f"proxy ({PROXY_SOCKET_URL}), which refuses creating, renaming and removing "
+            "containers: plan the change as \"note\" and recreate the container yourself, or "
+            "install with --docker-access group")
+
+
+def check_recreatable(engine: docker.DockerClient, container_id: str,
+                      command: list[str]) -> None:
+    """Raise :class:`ContainerEngineError` saying why the container cannot be recreated with
+    ``command`` (the container engine is reached through the least-privilege proxy, the
+    container is gone, created by compose, not from an image, or ``command`` does not begin with
+    its entrypoint); return None when it can. Only inspects: allowed in read-only mode."""
+    refused = recreation_refused()
+    if refused:
+        raise ContainerEngineError(refused)
+    _recreation_body(_inspect_for_recreation(engine, container_id), command)
+
+
+def recreate_with_command(engine: docker.DockerClient, container_id: str,
+                          command: list[str]) -> Recreated:
+    """Replace the stopped container ``container_id`` by a new one with ``command`` (the whole
+    command line: the container's entrypoint followed by its arguments), as the section above
+    says. Cost: an inspect, two renames, a create and a start (a network connect per further
+    network). Raises :class:`ContainerEngineError` with the reason, after putting the old
+    container back under its name; :class:`ReadOnlyRefused` in read-only mode."""
+    _refuse_if_read_only("recreate", container_id)
+    attrs = _inspect_for_recreation(engine, container_id)
+    if (attrs.get("State") or {}).get("Status") == "running":
+        raise ContainerEngineError(f"cannot recreate {container_id[:12]}: it is running; stop "
+                                   "it first")
+    body, networks = _recreation_body(attrs, command)
+    old_id, name = attrs["Id"], (attrs.get("Name") or "").lstrip("/")
+    replaced_name = f"{name}{REPLACED_MARKER}{old_id[:12]}"
+    try:
+        engine.api.rename(old_id, replaced_name)
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        raise ContainerEngineError(f"cannot recreate {name}: renaming the old container "
+                                   f"failed: {error}; nothing was changed") from None
+    new_id = None
+    try:
+        new_id = engine.api.create_container_from_config(body, name=name)["Id"]
+        for network, endpoint in networks.items():
+            engine.api.connect_container_to_network(
+                new_id, network, aliases=endpoint.get("Aliases") or None,
+                links=endpoint.get("Links") or None,
+                ipv4_address=(endpoint.get("IPAMConfig") or {}).get("IPv4Address") or None,
+                ipv6_address=(endpoint.get("IPAMConfig") or {}).get("IPv6Address") or None)
+        engine.api.start(new_id)
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        step = "starting" if new_id else "creating"
+        back = _put_back(engine, new_id, old_id, name, replaced_name)
+        raise ContainerEngineError(f"cannot recreate {name}: {step} the new container failed: "
+                                   f"{_api_reason(error)}; {back}") from None
+    return Recreated(name=name, container_id=new_id, replaced_id=old_id,
+                     replaced_name=replaced_name)
+
+
+def restore_replaced(engine: docker.DockerClient, recreated: Recreated) -> None:
+    """Undo a recreation: remove the new container (stopping it) and give the old one its name
+    back, stopped. Raises :class:`ContainerEngineError` with what is left where, and
+    :class:`ReadOnlyRefused` in read-only mode."""
+    _refuse_if_read_only("restore", recreated.replaced_id)
+    try:
+        engine.api.remove_container(recreated.container_id, force=True)
+    except docker.errors.NotFound:
+        pass
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        raise ContainerEngineError(
+            f"cannot remove the new container {recreated.container_id[:12]}: {error}; the old "
+            f"one is kept as {recreated.replaced_name}") from None
+    try:
+        engine.api.rename(recreated.replaced_id, recreated.name)
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        raise ContainerEngineError(f"cannot rename {recreated.replaced_name} back to "
+                                   f"{recreated.name}: {error}") from None
+
+
+def discard_replaced(engine: docker.DockerClient, recreated: Recreated) -> None:
+    """Remove the old container once its replacement serves (its volumes are kept). Gone
+    already is fine. Raises :class:`ContainerEngineError` with the reason, and
+    :class:`ReadOnlyRefused` in read-only mode."""
+    _refuse_if_read_only("remove", recreated.replaced_id)
+    try:
+        engine.api.remove_container(recreated.replaced_id, v=False, force=False)
+    except docker.errors.NotFound:
+        return
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        raise ContainerEngineError(f"cannot remove the old container {recreated.replaced_name}: "
+                                   f"{error}") from None
+
+
+def _inspect_for_recreation(engine: docker.DockerClient, container_id: str) -> dict:
+    try:
+        return engine.api.inspect_container(container_id)
+    except docker.errors.NotFound:
+        raise ContainerEngineError(f"cannot recreate {container_id[:12]}: no such container") \
+            from None
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        raise ContainerEngineError(f"cannot inspect {container_id[:12]}: {error}") from None
+
+
+def _recreation_body(attrs: dict, command: list[str]) -> tuple[dict, dict[str, dict]]:
+    """The create request of the replacement (the old container's configuration with the new
+    arguments) and the further networks to connect it to; raises
+    :class:`ContainerEngineError` when the container cannot be recreated."""
+    config = dict(attrs.get("Config") or {})
+    host_config = dict(attrs.get("HostConfig") or {})
+    name = (attrs.get("Name") or "").lstrip("/") or attrs["Id"][:12]
+    project = (config.get("Labels") or {}).get(COMPOSE_PROJECT_LABEL)
+    if project:
+        raise ContainerEngineError(f"cannot recreate {name}: compose project {project} owns it "
+                                   f"(label {COMPOSE_PROJECT_LABEL}); recreate it through compose")
+    if not config.get("Image"):
+        raise ContainerEngineError(f"cannot recreate {name}: it was not created from an image")
+    entrypoint = config.get("Entrypoint") or []
+    entrypoint = [entrypoint] if isinstance(entrypoint, str) else list(entrypoint)
+    if list(command[:len(entrypoint)]) != entrypoint or len(command) <= len(entrypoint):
+        raise ContainerEngineError(
+            f"cannot recreate {name}: the new command must begin with the container's "
+            f"entrypoint ({' '.join(entrypoint)}) and give it arguments")
+    config["Cmd"] = list(command[len(entrypoint):])
+    network_mode = host_config.get("NetworkMode") or ""
+    if config.get("Hostname") == attrs["Id"][:12] or network_mode in _NO_NETWORK_TO_JOIN \
+            or network_mode.startswith("container:"):
+        config.pop("Hostname", None)  # the engine gives the new one its own (or the host's)
+    # Podman reports ulimits by their kernel names (RLIMIT_NOFILE) and expects "nofile" back.
+    host_config["Ulimits"] = [{**limit, "Name": limit["Name"].removeprefix("RLIMIT_").lower()}
+                              for limit in host_config.get("Ulimits") or []]
+    host_config["Binds"] = [*(host_config.get("Binds") or []), *_anonymous_volumes(attrs)]
+    networks = _endpoints(attrs)
+    primary = "bridge" if network_mode == "default" else network_mode
+    body = {**config, "HostConfig": host_config}
+    if primary in networks:
+        body["NetworkingConfig"] = {"EndpointsConfig": {primary: networks.pop(primary)}}
+    return body, networks
+
+
+def _anonymous_volumes(attrs: dict) -> list[str]:
+    """Volumes mounted without a bind entry (anonymous ones, and a ``--mount`` of a volume not
+    in ``HostConfig.Mounts``), as ``name:destination[:ro]``, so that the replacement mounts the
+    same volumes instead of new empty ones."""
+    host_config = attrs.get("HostConfig") or {}
+    bound = {entry.split(":")[1] for entry in host_config.get("Binds") or [] if ":" in entry}
+    bound |= {mount.get("Target") for mount in host_config.get("Mounts") or []}
+    return [f"{m['Name']}:{m['Destination']}{'' if m.get('RW', True) else ':ro'}"
+            for m in attrs.get("Mounts") or []
+            if m.get("Type") == "volume" and m.get("Name") and m.get("Destination") not in bound]
+
+
+def _endpoints(attrs: dict) -> dict[str, dict]:
+    """The container's networks with what it was given on each (aliases other than its own id,
+    static addresses, links); none for host, none or another container's network."""
+    network_mode = (attrs.get("HostConfig") or {}).get("NetworkMode") or ""
+    if network_mode in _NO_NETWORK_TO_JOIN or network_mode.startswith("container:"):
+        return {}
+    short_id = attrs["Id"][:12]
+    endpoints = {}
+    for network, endpoint in ((attrs.get("NetworkSettings") or {}).get("Networks") or {}).items():
+        endpoint = endpoint or {}
+        endpoints[network] = {
+            "Aliases": [a for a in endpoint.get("Aliases") or [] if a != short_id],
+            "IPAMConfig": endpoint.get("IPAMConfig") or None,
+            "Links": endpoint.get("Links") or None,
+        }
+    return endpoints
+
+
+def _put_back(engine: docker.DockerClient, new_id: str | None, old_id: str, name: str,
+              replaced_name: str) -> str:
+    """After a failed create or start: remove the new container and rename the old one back;
+    what became of it, in words."""
+    try:
+        if new_id:
+            engine.api.remove_container(new_id, force=True)
+        engine.api.rename(old_id, name)
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+        return f"the old container could not be put back ({error}): it is kept as {replaced_name}"
+    return f"the old container is back under its name {name}, stopped"
+
+
+def _api_reason(error: Exception) -> str:
+    """The engine's own explanation of a refused call, else the error."""
+    explanation = getattr(error, "explanation", None)
+    return str(explanation or error)
 
 
 # --- container logs: streamed, capped, continued from a cursor ---------------------------------

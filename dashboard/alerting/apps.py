@@ -18,3 +18,9 @@ class AlertingConfig(AppConfig):
         from dashboard.alerting.tasks import queue_evaluation
 
         collection_finished.connect(queue_evaluation, dispatch_uid="alerting.queue_evaluation")
+        # A restart plan's new flags are judged with the prefill-squeeze margin in force, which
+        # restarts (below alerting) may not import: alerting hands it over.
+        from dashboard.alerting.settings import prefill_margin_bytes
+        from dashboard.restarts.change import use_prefill_margin
+
+        use_prefill_margin(prefill_margin_bytes)

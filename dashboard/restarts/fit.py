@@ -14,8 +14,8 @@ from django.conf import settings
 from collectors.ledger import EngineShare
 from sparkops.units import size_text
 
-__all__ = ["PRECHECK_MARGIN_FRACTION", "Fit", "engine_holds", "engine_need", "precheck_fit",
-           "recheck_fit", "startup_deadline_seconds"]
+__all__ = ["PRECHECK_MARGIN_FRACTION", "Fit", "engine_holds", "engine_need", "planned_need",
+           "precheck_fit", "recheck_fit", "startup_deadline_seconds", "with_need"]
 
 # Room kept free on top of the need: 1 % of MemTotal (≈ 1.2 GiB on a GB10), for what no report
 # covers (the CUDA context, allocator slack, a neighbour's small growth meanwhile).
@@ -72,6 +72,29 @@ def engine_need(share: EngineShare) -> tuple[int | None, dict[str, int | None], 
     if missing:
         return None, parts, missing
     return sum(value for value in parts.values() if value is not None), parts, ()
+
+
+def planned_need(weights: int | None, kv_pool: int | None, cuda_graphs: int | None,
+                 prefill: int | None) -> tuple[int | None, dict[str, int | None], tuple[str, ...]]:
+    """:func:`engine_need` for the flags a plan changes to, from the fit planner's figures of
+    the engine after the change (weights and KV pool required; CUDA graphs and the prefill need
+    added when known)."""
+    parts = {"weights": weights, "kv_pool": kv_pool, "cuda_graphs": cuda_graphs,
+             "prefill": prefill}
+    missing = tuple(f"its {name.replace('_', ' ')} with the new flags"
+                    for name in ("weights", "kv_pool") if parts[name] is None)
+    if missing:
+        return None, parts, missing
+    return sum(value for value in parts.values() if value is not None), parts, ()
+
+
+def with_need(fit: Fit, need: tuple[int | None, dict[str, int | None], tuple[str, ...]]) -> Fit:
+    """``fit`` with another need (a :func:`planned_need`) against the same room."""
+    value, parts, missing = need
+    room_parts = {key: fit.parts.get(key) for key in ("mem_available", "engine_holds")}
+    absent = tuple(m for m in fit.missing if m in ("MemAvailable", "what it holds now"))
+    return Fit(need=value, room=fit.room, margin=fit.margin, parts={**parts, **room_parts},
+               missing=missing + absent)
 
 
 def engine_holds(share: EngineShare, *, running: bool) -> int | None:

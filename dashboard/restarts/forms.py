@@ -1,4 +1,5 @@
-"""Forms of the restart pages: a restart window, and a plan.
+"""Forms of the restart pages: a restart window, and a plan (with, optionally, the engine's new
+launch command and how it comes into force).
 
 Both validate with the domain functions (``windows.build_recurrence`` / ``windows.check_window``;
 ``planning.plan_restart`` has the last word on a plan), so the page and the code agree on what is
@@ -18,6 +19,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from collectors.models import Engine, Node
+from dashboard.restarts.change import MODES, NOTE
 from dashboard.restarts.models import RestartWindow
 from dashboard.restarts.windows import (
     MAX_DURATION_MINUTES,
@@ -201,7 +203,10 @@ class RestartWindowForm(forms.ModelForm):
 
 
 class PlanForm(forms.Form):
-    """A plan on one node: which manageable engine, in which window (or now), and why."""
+    """A plan on one node: which manageable engine, in which window (or now), and why; and,
+    optionally, the engine's new launch command with how it comes into force (``command``,
+    ``mode``, ``accept_squeeze``: ``cleaned_data["change"]`` holds them, None without a
+    command). The fit planner's verdict on the command is ``plan_restart``'s."""
 
     engine = EngineChoiceField(Engine.objects.none(), empty_label=None)
     when = forms.ChoiceField(label="When")
@@ -213,6 +218,15 @@ class PlanForm(forms.Form):
     )
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), max_length=2000,
                              help_text="Why this engine goes down (kept in the ledger).")
+    command = forms.CharField(
+        label="New launch command (optional)", required=False, max_length=20000,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+        help_text="The engine's next `vllm serve …` command line (or compose service). The fit "
+                  "planner checks it now and again before the restart; empty: same flags.")
+    mode = forms.ChoiceField(label="The new command comes into force by", choices=MODES.items(),
+                             initial=NOTE, required=False)
+    accept_squeeze = forms.BooleanField(
+        label="Plan it even if the new flags squeeze a neighbour's prefill", required=False)
 
     def __init__(self, *args: Any, node: Node, now: datetime, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -240,6 +254,10 @@ class PlanForm(forms.Form):
             cleaned["window"] = next(w for w in self.windows if str(w.pk) == window_id)
         elif cleaned.get("start_at") is not None:
             self.add_error("start_at", "A start time needs a window; \"now\" starts now.")
+        command = (cleaned.get("command") or "").strip()
+        cleaned["change"] = {"command": command, "mode": cleaned.get("mode") or NOTE,
+                             "accept_squeeze": bool(cleaned.get("accept_squeeze"))} \
+            if command else None
         return cleaned
 
 

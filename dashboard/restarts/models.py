@@ -99,6 +99,12 @@ class Restart(models.Model):
     after = models.JSONField(default=dict, blank=True)
     # What the container engine said when an unplanned restart was seen.
     container_state = models.JSONField(default=dict, blank=True)
+    # The change of flags the plan carries (dashboard.restarts.change); empty: none. Keys:
+    # "command" (the intended command line, a list of words), "mode" ("recreate": SparkOps
+    # recreates the container with it; "note": the admin does), "margin_bytes" (the prefill
+    # margin it was checked with), "accept_squeeze" (the admin accepted a predicted squeeze),
+    # "planned" (the fit planner's after-ledger as planned: change.ledger_summary).
+    change = models.JSONField(default=dict, blank=True)
 
     class Meta:
         db_table = "dashboard_restart"

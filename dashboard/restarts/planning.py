@@ -5,6 +5,11 @@ plan says when the engine will be back ("back by 03:22") and is refused when tha
 the end of its window. Two engines never start together on one node: the runbook carries plans out
 one after the other, and :func:`queue_forecast` shows what that means for each plan's start.
 
+A plan may carry a change of the engine's flags (:class:`dashboard.restarts.change.FlagChange`):
+the fit planner (:mod:`collectors.fitplan`) then judges the new flags on the node's ledger with
+the margin the caller passes, and the plan keeps the predicted after-ledger for the pages and
+the runbook's pre-check (``Restart.change``).
+
 Every decision here (allowed or refused) leaves an audit row (``dashboard.audit.records``).
 Carrying a plan out is the runbook's job (``dashboard.restarts.tasks``); a new plan only nudges it.
 In read-only mode (``SPARKOPS_READ_ONLY``) every plan is refused, saying so, before anything else
@@ -27,9 +32,27 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
-from collectors.docker_api import READ_ONLY_TEXT, read_only
+from collectors.docker_api import (
+    COMPOSE_PROJECT_LABEL,
+    READ_ONLY_TEXT,
+    read_only,
+    recreation_refused,
+)
+from collectors.fitplan import PlanError, PlanRequest
+from collectors.fitplan import plan as plan_fit
 from collectors.models import Engine, Node
+from collectors.starts import history_for
 from dashboard.audit.records import audit
+from dashboard.restarts.change import (
+    MODES,
+    RECREATE,
+    FlagChange,
+    command_words,
+    has_masked_secret,
+    ledger_summary,
+    refusal_at_planning,
+    shown_command,
+)
 from dashboard.restarts.models import DEFAULT_STARTUP_SECONDS, Restart, RestartWindow
 from dashboard.restarts.windows import (
     WindowOccurrence,
@@ -52,6 +75,7 @@ __all__ = [
     "can_run_restarts",
     "cancel_restart",
     "ceil_minute",
+    "check_change",
     "clock",
     "expected_outage",
     "learned_startup_seconds",
@@ -164,7 +188,7 @@ def expected_outage(engine: Engine, start: datetime) -> Outage:
 
 def plan_restart(engine: Engine, *, user: Any, start: datetime | None = None,
                  window: RestartWindow | None = None, now: datetime,
-                 reason: str = "") -> Restart:
+                 reason: str = "", change: FlagChange | None = None) -> Restart:
     """Plan a restart of ``engine`` and return the ``scheduled`` :class:`Restart`.
 
     When: ``start`` and ``window`` both None means now. With ``window`` only, the current
@@ -178,15 +202,20 @@ def plan_restart(engine: Engine, *, user: Any, start: datetime | None = None,
     window, or an expected back-by later than the window's end. Every outcome is audited
     ("plan-restart"). On success the runbook is asked to look at due plans after the commit.
     In read-only mode every plan is refused (:data:`READ_ONLY`).
+
+    With ``change`` the plan also carries the engine's next flags (:func:`check_change`): it is
+    refused when the fit planner cannot read them, predicts the engine would not start or the
+    host would run out of memory, or predicts a squeeze the admin did not accept; "recreate"
+    is refused for a container that compose owns.
     """
     try:
         with transaction.atomic():
             restart = _plan(engine, user=user, start=start, window=window, now=now,
-                            reason=reason)
+                            reason=reason, change=change)
     except PlanRefused as refused:
         # Outside the rolled-back transaction, so the refusal is kept.
         audit(PLAN_ACTION, allowed=False, user=user, node=engine.node, engine=engine,
-              outcome=refused.reason, details=_asked(start, window))
+              outcome=refused.reason, details={**_asked(start, window), **_asked_change(change)})
         raise
     transaction.on_commit(_dispatch_due_restarts)
     return restart
@@ -239,8 +268,51 @@ def clock(at: datetime, zone: tzinfo | str, *, round_up: bool = False) -> str:
     return clock_text(at, zone, round_up=round_up)
 
 
+def check_change(engine: Engine, change: FlagChange) -> dict[str, Any]:
+    """The ``Restart.change`` of a plan of ``engine`` with ``change``, once the fit planner
+    allows it on the node's ledger (the start planned after the runbook's page-cache drop);
+    raises :class:`PlanRefused` with the reason otherwise. Reads the node's engines (one
+    query); the node's ledger comes with ``engine.node``."""
+    if change.mode not in MODES:
+        raise PlanRefused(f"unknown way to apply the new flags {change.mode!r}: choose "
+                          f"{' or '.join(MODES)}")
+    try:
+        words = command_words(change.command)
+    except PlanError as error:
+        raise PlanRefused(f"the new flags cannot be planned: {error}") from None
+    if change.mode == RECREATE:
+        _refuse_recreation(engine, words)
+    engines = list(Engine.objects.filter(node=engine.node, present=True))
+    try:
+        predicted = plan_fit(engine.node, engines, PlanRequest(
+            engine.name, change.command, drop_page_cache=True,
+            history=history_for(engine, engine.node)), change.margin_bytes)
+    except PlanError as error:
+        raise PlanRefused(f"the new flags cannot be planned: {error}") from None
+    refusal = refusal_at_planning(predicted, accept_squeeze=change.accept_squeeze)
+    if refusal:
+        raise PlanRefused(refusal)
+    return {"command": words, "mode": change.mode, "margin_bytes": change.margin_bytes,
+            "accept_squeeze": change.accept_squeeze, "planned": ledger_summary(predicted)}
+
+
+def _refuse_recreation(engine: Engine, words: list[str]) -> None:
+    refused = recreation_refused()
+    if refused:
+        raise PlanRefused(refused)
+    project = (engine.labels or {}).get(COMPOSE_PROJECT_LABEL)
+    if project:
+        raise PlanRefused(f"{engine.name} belongs to compose project {project} (label "
+                          f"{COMPOSE_PROJECT_LABEL}): SparkOps does not recreate it behind "
+                          "compose's back; change the compose file, recreate it through compose "
+                          "and plan the restart with \"note\"")
+    if has_masked_secret(words):
+        raise PlanRefused("the new command holds a value SparkOps masked (copied from a page): "
+                          "write the secret's real value, or plan with \"note\"")
+
+
 def _plan(engine: Engine, *, user: Any, start: datetime | None, window: RestartWindow | None,
-          now: datetime, reason: str) -> Restart:
+          now: datetime, reason: str, change: FlagChange | None) -> Restart:
     _require_permission(user)
     if read_only():
         raise PlanRefused(READ_ONLY)
@@ -256,6 +328,7 @@ def _plan(engine: Engine, *, user: Any, start: datetime | None, window: RestartW
         raise PlanRefused(f"{engine.name} is not present on {engine.node.name}: its container is "
                           "gone")
     _refuse_second_open_plan(engine)
+    stored_change = check_change(engine, change) if change is not None else {}
     queued = _fitting_slot(engine, start, window, now)
     slot = queued.slot
     restart = Restart.objects.create(
@@ -264,11 +337,12 @@ def _plan(engine: Engine, *, user: Any, start: datetime | None, window: RestartW
         requested_by=user if getattr(user, "is_authenticated", False) else None, reason=reason,
         scheduled_for=slot.start, expected_drain_seconds=queued.outage.drain_seconds,
         expected_startup_seconds=queued.outage.startup_seconds,
-        expected_back_by=queued.outage.back_by,
+        expected_back_by=queued.outage.back_by, change=stored_change,
     )
     audit(PLAN_ACTION, allowed=True, user=user, node=engine.node, engine=engine, restart=restart,
           outcome=f"scheduled for {restart.scheduled_for.isoformat()}",
-          details={**_asked(start, window), **queued.as_details()})
+          details={**_asked(start, window), **queued.as_details(), **_asked_change(change),
+                   **_planned_verdict(stored_change)})
     return restart
 
 
@@ -444,6 +518,24 @@ def _asked(start: datetime | None, window: RestartWindow | None) -> dict[str, An
     if start is not None:
         return {**details, "start": start.isoformat()}
     return {**details, "start": "now" if window is None else "next opening"}
+
+
+def _asked_change(change: FlagChange | None) -> dict[str, Any]:
+    """The change a plan asked for, as its audit row keeps it (secrets masked)."""
+    if change is None:
+        return {}
+    try:
+        command = shown_command(command_words(change.command))
+    except PlanError:
+        command = "(unreadable)"
+    return {"change": {"command": command, "mode": change.mode,
+                       "margin_bytes": change.margin_bytes,
+                       "accept_squeeze": change.accept_squeeze}}
+
+
+def _planned_verdict(stored: dict[str, Any]) -> dict[str, Any]:
+    planned = stored.get("planned") or {}
+    return {"predicted": planned["verdict"]} if planned else {}
 
 
 def _local(at: datetime) -> str:

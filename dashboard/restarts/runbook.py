@@ -29,6 +29,20 @@ written as a :class:`~dashboard.restarts.models.RestartStep` with its times, res
 8. ``record``: status, outcome, measured startup (start → ready), memory and KV capacity
    before and after, container state.
 
+A plan that changes the engine's flags (``Restart.change``, :mod:`dashboard.restarts.change`)
+adds to three steps. The ``precheck`` re-runs the fit planner (:mod:`collectors.fitplan`) on the
+node's ledger of now with the margin the plan was checked with, records the after-ledger in the
+step's data, and ends the run ``refused`` (nothing touched) when the verdict got worse than what
+was accepted at planning: the engine would refuse to start, the host would run out of memory,
+or a squeeze the admin did not accept. For "recreate" it also checks that the container can be
+recreated, and the need the two memory checks compare is that of the new flags. The ``start``
+step of "recreate" recreates the container with the new command
+(:func:`collectors.docker_api.recreate_with_command`: the old container is kept, renamed and
+stopped); ``follow`` removes the old one once the new one serves, and puts it back under its
+name (stopped, with its old flags) when the new one exits while starting. The ``record`` step
+notes the flags the engine runs after the run, and whether they are the intended ones (for
+"note", whether the admin's recreation took).
+
 Every engine kind is restarted the same way; what differs is asked of the kind's reader
 (:mod:`collectors.kinds.registry`): where it answers once it serves (``health_path``: vLLM's and
 llama.cpp's ``/health``, Ollama's ``/api/version``), how its startup log reads
@@ -49,6 +63,7 @@ marked it) stops at once.
 from __future__ import annotations
 
 import logging
+import shlex
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -63,12 +78,20 @@ from collectors.docker_api import (
     READ_ONLY_TEXT,
     ContainerEngineError,
     ContainerStatus,
+    Recreated,
+    check_recreatable,
+    container_command,
     container_logs_since,
     container_status,
+    discard_replaced,
     read_only,
+    recreate_with_command,
+    restore_replaced,
     start_container,
     stop_container,
 )
+from collectors.fitplan import PlanError, PlanRequest
+from collectors.fitplan import plan as plan_fit
 from collectors.kinds.base import KindReader
 from collectors.kinds.registry import reader_for
 from collectors.ledger import engine_share
@@ -76,9 +99,18 @@ from collectors.meminfo import MemInfo, parse_meminfo
 from collectors.models import Engine, Event
 from collectors.nodes import local_procfs
 from collectors.procfs import Procfs, ProcfsError
+from collectors.redaction import mask_command
 from collectors.sampling import Clock, stale_after
+from collectors.starts import history_for
 from collectors.vllm.scrape import ScrapeError
 from dashboard.audit.records import audit
+from dashboard.restarts.change import (
+    RECREATE,
+    ledger_summary,
+    planned_row,
+    refusal_at_precheck,
+    runs_intended,
+)
 from dashboard.restarts.dispatch import (
     RUN_ACTION,
     cancel_restart,
@@ -88,9 +120,12 @@ from dashboard.restarts.dispatch import (
 )
 from dashboard.restarts.fit import (
     PRECHECK_MARGIN_FRACTION,
+    Fit,
+    planned_need,
     precheck_fit,
     recheck_fit,
     startup_deadline_seconds,
+    with_need,
 )
 from dashboard.restarts.models import Restart, RestartStep
 from dashboard.restarts.pagecache import DROP_TIMEOUT_SECONDS, PageCacheError, drop_page_cache
@@ -104,6 +139,9 @@ log = logging.getLogger(__name__)
 STEPS = ("precheck", "drain", "stop", "drop_caches", "recheck", "start", "follow", "record")
 STOP_ACTION = "stop-engine"
 START_ACTION = "start-engine"
+RECREATE_ACTION = "recreate-engine"
+RESTORE_ACTION = "restore-engine"
+DISCARD_ACTION = "remove-replaced-engine"
 POLL_SECONDS = 1.0
 HEALTH_DEADLINE_SECONDS = 2.0
 # After the log reports a startup error, how long the container may take to exit.
@@ -229,6 +267,9 @@ class _Run:
         self.actor = actor
         self.poll = poll_seconds
         self.margin_override = margin_bytes
+        self.change: dict[str, Any] = restart.change or {}
+        # The container replaced by a recreation, while it is kept (None: nothing replaced).
+        self.recreated: Recreated | None = None
         self.startup_seconds: float | None = None
         # This start's log as the kind's parser read it (vLLM's StartupLog or a KindStartup).
         self.new_log: Any = None
@@ -278,6 +319,9 @@ class _Run:
             self._save(before=self._snapshot(info, self._known_capacity()))
             note.data.update(fit.as_dict(), mem_available_source=source,
                              container=status.as_dict())
+            if self.change:
+                fit = self.check_change(note, fit)
+                note.data.update(fit.as_dict())
             if fit.fits is None:
                 raise _Finish(Restart.Status.ABORTED,
                               f"Pre-check not possible for {self.engine.name}: "
@@ -288,6 +332,44 @@ class _Run:
                               f"{fit.describe('would be free')}; nothing was touched.")
             note.done(f"fits: {fit.describe('would be free')}")
             return fit.need or 0, status.running
+
+    def check_change(self, note: _StepNote, fit: Fit) -> Fit:
+        """The pre-check of a change of flags: the fit planner on the node's ledger of now with
+        the plan's margin (its after-ledger kept in the step's data); refused when the verdict
+        got worse than what was accepted at planning. For "recreate", whether the container can
+        be recreated, and ``fit`` with the need of the new flags."""
+        change = self.change
+        recreate = change.get("mode") == RECREATE
+        if recreate:
+            try:
+                check_recreatable(self.docker, self.engine.container_id, change["command"])
+            except ContainerEngineError as error:
+                note.data["change"] = {"error": str(error)}
+                raise _Finish(Restart.Status.REFUSED, f"Pre-check: {error}; nothing was "
+                              "touched.") from None
+        self.node.refresh_from_db(fields=["ledger"])
+        engines = list(Engine.objects.filter(node=self.node, present=True))
+        try:
+            predicted = plan_fit(self.node, engines,
+                                 PlanRequest(self.engine.name, shlex.join(change["command"]),
+                                             drop_page_cache=True,
+                                             history=history_for(self.engine, self.node)),
+                                 change["margin_bytes"])
+        except PlanError as error:
+            note.data["change"] = {"error": str(error)}
+            raise _Finish(Restart.Status.ABORTED, "Pre-check of the new flags not possible: "
+                          f"{error}; nothing was touched.") from None
+        note.data["change"] = {"plan": ledger_summary(predicted)}
+        refusal = refusal_at_precheck(predicted,
+                                      accepted_squeeze=bool(change.get("accept_squeeze")))
+        if refusal:
+            raise _Finish(Restart.Status.REFUSED, f"Pre-check of the new flags: {refusal}; "
+                          "nothing was touched.")
+        if not recreate:
+            return fit  # the container restarts with the command it has
+        row = planned_row(predicted)
+        return with_need(fit, planned_need(row.weights[1].value, row.kv_pool[1].value,
+                                           row.cuda_graphs[1].value, row.prefill_need[1].value))
 
     def drain(self, running: bool) -> None:
         with self.step("drain") as note:
@@ -378,16 +460,27 @@ class _Run:
 
     def start(self) -> _Started:
         with self.step("start") as note:
-            self.require_manageable(START_ACTION)
+            recreate = self.change.get("mode") == RECREATE
+            action = RECREATE_ACTION if recreate else START_ACTION
+            self.require_manageable(action)
             wall, mono = self.clock.wall(), self.clock.mono()
             try:
-                start_container(self.docker, self.engine.container_id)
+                if recreate:
+                    self.recreate(note)
+                else:
+                    start_container(self.docker, self.engine.container_id)
                 status = container_status(self.docker, self.engine.container_id)
             except ContainerEngineError as error:
-                self._audit(START_ACTION, True, f"failed: {error}")
-                raise _Finish(Restart.Status.FAILED, f"Could not start {self.engine.name}: "
+                self._audit(action, True, f"failed: {error}")
+                verb = "recreate" if recreate else "start"
+                raise _Finish(Restart.Status.FAILED, f"Could not {verb} {self.engine.name}: "
                               f"{error}.") from None
-            self._audit(START_ACTION, True, f"started ({status.state})")
+            if recreate:
+                self._audit(action, True, f"recreated with the new command as "
+                            f"{self.engine.container_id[:12]} ({status.state}); the old "
+                            f"container is kept, stopped, as {self.recreated.replaced_name}")
+            else:
+                self._audit(action, True, f"started ({status.state})")
             seconds = startup_deadline_seconds(self.restart.expected_startup_seconds)
             deadline = wall + timedelta(seconds=seconds)
             self._save(deadline=deadline)
@@ -397,6 +490,55 @@ class _Run:
             return _Started(wall=wall, mono=mono,
                             container_started_at=status.started_at or wall,
                             deadline_mono=mono + seconds, deadline_seconds=seconds)
+
+    def recreate(self, note: _StepNote) -> None:
+        """Replace the stopped container by one with the new command; the engine's row follows
+        the new container from here (the collectors would find it by its name anyway)."""
+        recreated = recreate_with_command(self.docker, self.engine.container_id,
+                                          self.change["command"])
+        self.recreated = recreated
+        self._follow_container(recreated.container_id)
+        note.data["recreated"] = recreated.as_dict()
+
+    def _follow_container(self, container_id: str) -> None:
+        Engine.objects.filter(pk=self.engine.pk).update(container_id=container_id)
+        self.engine.container_id = container_id
+
+    def after_failed_recreation(self, status: ContainerStatus | None) -> str:
+        """After a failed start of a recreated container: put the old one back when the new one
+        no longer runs; what became of the old one, in words ("" without a recreation)."""
+        recreated = self.recreated
+        if recreated is None:
+            return ""
+        if status is None or status.running:
+            return f" The old container is kept, stopped, as {recreated.replaced_name}."
+        try:
+            restore_replaced(self.docker, recreated)
+        except ContainerEngineError as error:
+            self._audit(RESTORE_ACTION, True, f"failed: {error}")
+            return f" Putting the old container back failed: {error}."
+        self.recreated = None
+        self._follow_container(recreated.replaced_id)
+        self._audit(RESTORE_ACTION, True, "removed the new container; the old one is back under "
+                                          "its name, stopped")
+        return (" The new container was removed and the old one is back under its name, "
+                "stopped, with its old flags.")
+
+    def discard_replaced(self, note: _StepNote) -> None:
+        """Once the recreated engine serves: remove the old container (noted, never fatal)."""
+        recreated = self.recreated
+        if recreated is None:
+            return
+        try:
+            discard_replaced(self.docker, recreated)
+        except ContainerEngineError as error:
+            self._audit(DISCARD_ACTION, True, f"failed: {error}")
+            note.data["replaced"] = {"removed": False, "name": recreated.replaced_name,
+                                     "error": str(error)}
+            return
+        self.recreated = None
+        self._audit(DISCARD_ACTION, True, f"removed the old container {recreated.replaced_name}")
+        note.data["replaced"] = {"removed": True, "name": recreated.replaced_name}
 
     def follow(self, started: _Started) -> None:
         with self.step("follow") as note:
@@ -412,12 +554,14 @@ class _Run:
                         self._note_phase(note, phases, startup.phase, elapsed)
                 failure = self._startup_failure(status, startup, elapsed, started)
                 if failure:
+                    failure += self.after_failed_recreation(status)
                     note.done(failure, ok=False)
                     raise _Finish(Restart.Status.FAILED, failure)
                 if status is not None and status.running and self._ready(startup):
                     self.startup_seconds = round(elapsed, 2)
                     self._note_phase(note, phases, "ready", elapsed)
                     note.done(f"ready after {elapsed:.1f} s", startup_seconds=self.startup_seconds)
+                    self.discard_replaced(note)
                     return
                 self.heartbeat()
                 self.clock.sleep(self.poll)
@@ -429,6 +573,11 @@ class _Run:
             info = self.meminfo()
             capacity = self._capacity(self.new_log.as_dict() if self.new_log else {}, {})
             after = self._snapshot(info, capacity)
+            flags = self._flags_after() if self.change else None
+            if flags is not None:
+                note.data["flags"] = flags
+                if status in (Restart.Status.SUCCEEDED, Restart.Status.FAILED):
+                    outcome = f"{outcome} {flags['text']}"
             now = self.clock.wall()
             Restart.objects.filter(pk=self.restart.pk, status=Restart.Status.RUNNING).update(
                 status=status, outcome=outcome, finished_at=now, container_state=state,
@@ -436,13 +585,31 @@ class _Run:
             note.done(f"{status}: {outcome}", ok=status == Restart.Status.SUCCEEDED,
                       status=status, container=state)
         severity = {Restart.Status.SUCCEEDED: Event.Severity.INFO,
-                    Restart.Status.ABORTED: Event.Severity.WARNING}.get(status,
+                    Restart.Status.ABORTED: Event.Severity.WARNING,
+                    # Refused by the pre-check: nothing was touched.
+                    Restart.Status.REFUSED: Event.Severity.WARNING}.get(status,
                                                                         Event.Severity.CRITICAL)
         if status == Restart.Status.ABORTED and not state.get("running"):
             severity = Event.Severity.CRITICAL  # aborted with the engine left down
         Event.objects.create(node=self.node, engine=self.engine, at=now,
                              kind=f"restart-{status}", severity=severity,
                              message=f"{self.engine.name}: planned restart {status}: {outcome}")
+
+    def _flags_after(self) -> dict[str, Any]:
+        """The flags the engine's container runs now, and whether they are the intended ones
+        (``runs_intended`` None when that cannot be told; the words say why)."""
+        if self.api is None:
+            return {"runs_intended": None, "command": None,
+                    "text": "Its flags after the run are unknown: the container engine was "
+                            "unreachable."}
+        try:
+            words = container_command(self.api, self.engine.container_id)
+        except ContainerEngineError as error:
+            return {"runs_intended": None, "command": None,
+                    "text": f"Its flags after the run are unknown: {error}."}
+        intended, text = runs_intended(words, self.change["command"])
+        return {"runs_intended": intended, "command": mask_command(words),
+                "text": f"{text[:1].upper()}{text[1:]}."}
 
     # -- step plumbing -------------------------------------------------------------------------
 

@@ -2,7 +2,10 @@
 ``dashboard.restarts.windows`` and ``dashboard.restarts.planning``.
 
 Everyone logged in can read them. Changing anything is a POST with CSRF: a plan or a
-cancellation needs ``restarts.run_restarts``, a window ``restarts.change_windows``. Anyone else
+cancellation needs ``restarts.run_restarts``, a window ``restarts.change_windows``. A plan may
+carry the engine's new launch command (the plan form, or the fit planner page's "Plan this
+restart with these flags", which posts here); it is checked with the prefill margin in force,
+which the pages register (:func:`dashboard.restarts.change.use_prefill_margin`). Anyone else
 gets 403, and the refusal is audited. The forms themselves (GET) need the permission too,
 without an audit row: looking is no action. Audit rows carry the request's client address.
 """
@@ -28,6 +31,14 @@ from collectors.models import Engine, Node
 from dashboard.audit.access import CHANGE_WINDOWS, guarded
 from dashboard.audit.models import AuditEntry
 from dashboard.audit.records import audit, audit_request, from_request
+from dashboard.restarts.change import (
+    MODES,
+    FlagChange,
+    current_prefill_margin,
+    flag_differences,
+    planned_ledger,
+    shown_command,
+)
 from dashboard.restarts.forms import PlanForm, RestartWindowForm, plannable_engines
 from dashboard.restarts.models import Restart, RestartStep, RestartWindow
 from dashboard.restarts.planning import (
@@ -116,6 +127,7 @@ def restart_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "queued": _queue_row(queued) if queued else None,
         "ledger": _ledger_row(found),
         "audit": found.audit.select_related("user").order_by("at", "pk"),
+        "change": change_summary(found),
         "json_url": reverse("dashboard:restart-json", args=[found.pk]),
         "can_cancel": found.status == Restart.Status.SCHEDULED
         and can_run_restarts(request.user),
@@ -143,9 +155,11 @@ def restart_plan(request: HttpRequest, node: str) -> HttpResponse:
         return _plan_page(request, form, now, status=400)
     data = form.cleaned_data
     try:
+        change = _flag_change(request, data)
         with from_request(request):
             planned = plan_restart(data["engine"], user=request.user, start=data["start_at"],
-                                   window=data["window"], now=now, reason=data["reason"])
+                                   window=data["window"], now=now, reason=data["reason"],
+                                   change=change)
     except PlanRefused as refused:
         form.add_error(None, f"Refused: {refused.reason}.")
         return _plan_page(request, form, now, status=409)
@@ -170,6 +184,53 @@ def restart_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     else:
         messages.success(request, f"Restart #{found.pk} of {found.engine.name} cancelled.")
     return redirect("dashboard:restart", pk=found.pk)
+
+
+def _flag_change(request: HttpRequest, data: dict[str, Any]) -> FlagChange | None:
+    """The change of flags a plan form asked for, with the prefill margin in force; refused
+    (and audited) when no margin is known."""
+    asked = data["change"]
+    if asked is None:
+        return None
+    margin = current_prefill_margin()
+    if margin is None:
+        reason = ("the prefill margin the new flags are checked with is not known (the pages "
+                  "did not register the prefill-squeeze alert's)")
+        audit_request(request, PLAN_ACTION, allowed=False, node=data["engine"].node,
+                      engine=data["engine"], outcome=reason)
+        raise PlanRefused(reason)
+    return FlagChange(command=asked["command"], mode=asked["mode"], margin_bytes=margin,
+                      accept_squeeze=asked["accept_squeeze"])
+
+
+def change_summary(restart: Restart) -> dict[str, Any] | None:
+    """What the restart page shows of a plan's change of flags (None without one): the intended
+    command (secrets masked) and how its flags differ from the engine's command now, the mode,
+    the margin, the after-ledger as planned, and after a run what the pre-check found and which
+    flags the engine then ran."""
+    change = restart.change or {}
+    if not change:
+        return None
+    intended = change.get("command") or []
+    differences, unreadable = flag_differences(restart.engine.command or [], intended)
+    steps = {step.step: step for step in restart.steps.all()}
+    precheck = steps.get("precheck")
+    found = (precheck.data or {}).get("change") if precheck is not None else None
+    record = steps.get("record")
+    return {
+        "mode": change.get("mode", ""),
+        "mode_text": MODES.get(change.get("mode", ""), change.get("mode", "")),
+        "command": shown_command(intended),
+        "differences": differences,
+        "unreadable": unreadable,
+        "margin": fixed_gib_text(change["margin_bytes"]) if "margin_bytes" in change else "",
+        "accept_squeeze": bool(change.get("accept_squeeze")),
+        "planned": planned_ledger(change.get("planned")),
+        "prechecked": planned_ledger(found.get("plan")) if found else None,
+        "precheck_error": (found or {}).get("error", ""),
+        "precheck_message": precheck.message if precheck is not None else "",
+        "flags_after": (record.data or {}).get("flags") if record is not None else None,
+    }
 
 
 def restart_progress(restart: Restart, now: datetime) -> dict[str, Any]:
