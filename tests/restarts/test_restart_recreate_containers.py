@@ -64,8 +64,9 @@ def _tiny_root() -> bytes:
     """A root file system of folders and symlinks into /usr, with this host's users."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for folder in ("usr", "etc", "tmp", "proc", "sys", "dev", "run", "var", "root",
-                       *PROJECT.relative_to("/").parents[0].parts):
+        # The project's top folder too, once: a checkout under /tmp shares "tmp".
+        for folder in dict.fromkeys(("usr", "etc", "tmp", "proc", "sys", "dev", "run", "var",
+                                     "root", *PROJECT.relative_to("/").parents[0].parts)):
             entry = tarfile.TarInfo(folder)
             entry.type, entry.mode = tarfile.DIRTYPE, 0o1777 if folder == "tmp" else 0o755
             tar.addfile(entry)
