@@ -18,6 +18,8 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from collectors.fragmentation import FragmentationReading, read_compaction, read_fragmentation
+from collectors.fragmentation import sample_figures as fragmentation_figures
 from collectors.meminfo import MemInfo
 from collectors.models import Collection, Metric, Node, Sample
 from collectors.procfs import BudgetReading, Procfs
@@ -53,11 +55,15 @@ def collect_host_memory(
     seconds and store what was seen.
 
     Blocks for ``duration``. Writes one :class:`Collection` and, when meminfo was readable,
-    one :class:`Sample` per metric, all in one transaction.
+    one :class:`Sample` per metric, all in one transaction. Fragmentation is read with it
+    (``collectors.fragmentation``: compaction counters before and after the window).
     """
+    compaction_before = read_compaction(procfs)
     window = watch_host_memory(procfs, duration=duration, period=period, clock=clock,
                                budget=budget)
-    return record_window(node, window), window
+    fragmentation = None if window.last is None else read_fragmentation(
+        procfs, compaction_before, (window.finished_at - window.started_at).total_seconds())
+    return record_window(node, window, fragmentation), window
 
 
 def window_figures(window: WindowReading) -> dict[str, Any]:
@@ -94,7 +100,8 @@ def budget_figures(budget: BudgetReading, room_min: int | None) -> dict[str, Any
     }
 
 
-def record_window(node: Node, window: WindowReading) -> Collection:
+def record_window(node: Node, window: WindowReading,
+                  fragmentation: FragmentationReading | None = None) -> Collection:
     with transaction.atomic():
         collection = Collection.objects.create(
             node=node,
@@ -105,7 +112,7 @@ def record_window(node: Node, window: WindowReading) -> Collection:
             error=window.error or "",
         )
         if window.last is not None:
-            Sample.objects.bulk_create(_samples(node, window, window.last))
+            Sample.objects.bulk_create(_samples(node, window, window.last, fragmentation))
             total = window.last.get("MemTotal")
             if total is not None and total != node.mem_total_bytes:
                 node.mem_total_bytes = total
@@ -114,7 +121,8 @@ def record_window(node: Node, window: WindowReading) -> Collection:
     return collection
 
 
-def _samples(node: Node, window: WindowReading, info: MemInfo) -> list[Sample]:
+def _samples(node: Node, window: WindowReading, info: MemInfo,
+             fragmentation: FragmentationReading | None = None) -> list[Sample]:
     at = window.finished_at
     samples = [
         _sample(node, metric, at, info.get(field), info.unknown.get(field, ""))
@@ -156,6 +164,9 @@ def _samples(node: Node, window: WindowReading, info: MemInfo) -> list[Sample]:
         _sample(node, Metric.PSI_FULL_AVG10, at, pressure and pressure.full_avg10,
                 no_psi if pressure is None else "no 'full' line in /proc/pressure/memory")
     )
+    if fragmentation is not None:
+        samples += [_sample(node, metric, at, value, note)
+                    for metric, value, note in fragmentation_figures(fragmentation)]
     if window.budget is not None:
         samples += _budget_samples(node, window, window.budget)
     return samples

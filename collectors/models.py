@@ -71,6 +71,13 @@ class Metric(models.IntegerChoices):
     MEMORY_BUDGET_LIMIT = 17, "Memory budget limit"
     MEMORY_BUDGET_ROOM = 18, "Room in the memory budget"
     MEMORY_BUDGET_ROOM_MIN = 19, "Room in the memory budget (interval minimum)"
+    # Fragmentation (collectors.fragmentation): /proc/buddyinfo of the zones ordinary
+    # allocations come from, and the direct-compaction counters of /proc/vmstat as rates.
+    BUDDY_FREE = 20, "Free in the buddy allocator"
+    FREE_IN_HUGE_BLOCKS = 21, "Free in huge-page-sized blocks"
+    LARGEST_FREE_BLOCK = 22, "Largest free block"
+    COMPACT_STALLS_PER_MIN = 23, "Compaction stalls (per minute)"
+    COMPACT_FAILS_PER_MIN = 24, "Compaction failures (per minute)"
 
 
 class Collection(models.Model):

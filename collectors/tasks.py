@@ -3,23 +3,37 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+from typing import Any
 
 from celery import shared_task
+from celery.signals import worker_init, worker_shutdown, worker_shutting_down
 from django.conf import settings
+from django.db import connections
 from django.utils import timezone
 
-from collectors import docker_api, engines
+from collectors import docker_api, engines, kernellog
+from collectors.flightrecorder import check_boot, flight_watch, mark_clean_end, node_recorder
+from collectors.flightrecorder import record_collection as record_flight
 from collectors.gpus import record_gpu_report
 from collectors.hostmemory import collect_host_memory as collect_into
 from collectors.hostmemory import configured_budget, window_figures
 from collectors.ledger import update_ledger
-from collectors.models import Node
+from collectors.models import Collection, Node
 from collectors.nodes import local_node, local_procfs
 from collectors.nvml import read_gpus
+from collectors.procfs import Procfs
 from collectors.retention import prune_node, rollup_node
 from collectors.sampling import window_seconds
 from collectors.signals import collection_finished
-from sparkops.celery import COLLECT_ENGINES, COLLECT_HOST_MEMORY, PRUNE_SAMPLES, ROLLUP_SAMPLES
+from sparkops.celery import (
+    COLLECT_ENGINES,
+    COLLECT_HOST_MEMORY,
+    COLLECT_KERNEL_LOG,
+    PRUNE_SAMPLES,
+    ROLLUP_SAMPLES,
+    node_queue,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +55,10 @@ def collect_host_memory(node_name: str) -> int:
     """Watch this node's memory for one interval and store it; returns the collection id."""
     _require_local(node_name)
     node = local_node()
+    procfs = flight_watch(local_procfs())  # keeps one reading a second for the flight recorder
     collection, window = collect_into(
         node,
-        local_procfs(),
+        procfs,
         duration=window_seconds(settings.SPARKOPS_COLLECT_INTERVAL),
         period=settings.SPARKOPS_DIP_PERIOD,
         budget=configured_budget(),
@@ -52,6 +67,7 @@ def collect_host_memory(node_name: str) -> int:
         update_ledger(node, window_figures(window), collection.at)
     else:
         log.warning("host memory collection failed on %s: %s", node_name, collection.error)
+    _record_flight(node, procfs, collection, window)
     _announce(node_name, collection.id, collection.ok)
     return collection.id
 
@@ -102,3 +118,89 @@ def collect_engines(node_name: str) -> int:
     finally:
         if api is not None:
             api.close()
+
+
+# --- the flight recorder (collectors.flightrecorder) ---------------------------------------------
+# After every host collection its samples a second and its ledger go to the node's recorder on
+# local disk; when the node's worker starts, the boot is compared with the one last recorded;
+# when it stops cleanly, the recorder says so.
+# Set when a warm stop is asked for (from a signal handler: a plain flag, no lock).
+_clean_stop_asked = False
+
+
+def _record_flight(node: Node, procfs: Procfs, collection: Collection, window: object) -> None:
+    """Append the collection to the node's flight recorder; a failure is logged, and the
+    collection, stored already, stands."""
+    try:
+        record_flight(node_recorder(node.name), node, procfs, collection, window)
+    except Exception:
+        log.exception("the flight recorder of %s could not record collection %s",
+                      node.name, collection.id)
+
+
+def _serves_this_node(worker: Any) -> bool:
+    """Whether ``worker`` (a Celery WorkController) consumes this node's queue."""
+    try:
+        return node_queue(settings.SPARKOPS_NODE_NAME) in worker.app.amqp.queues.consume_from
+    except AttributeError:
+        return False
+
+
+@worker_init.connect
+def _check_boot_when_the_worker_starts(sender: Any = None, **_: Any) -> None:
+    """Before the node's worker takes work: did the host reboot, or SparkOps die, since the
+    recorder's last record? Never stops the worker from starting."""
+    if not _serves_this_node(sender):
+        return
+    try:
+        found = check_boot(local_node(), node_recorder(settings.SPARKOPS_NODE_NAME),
+                           local_procfs(), timezone.now())
+        if found.event is not None:
+            log.log(logging.INFO if found.event.severity == "info" else logging.WARNING,
+                    "%s", found.event.message)
+    except Exception:
+        log.exception("checking the boot against the flight recorder failed")
+    finally:
+        # The worker's parent process: children forked later must not share its connection.
+        connections.close_all()
+
+
+@worker_shutting_down.connect
+def _note_a_warm_stop(how: str = "", **_: Any) -> None:
+    """A warm stop was asked for (SIGTERM, SIGINT): the clean end is written once the running
+    tasks are done (``worker_shutdown``). Runs in a signal handler: sets a flag, nothing else."""
+    global _clean_stop_asked
+    if how == "Warm":
+        _clean_stop_asked = True
+
+
+@worker_shutdown.connect
+def _mark_a_clean_stop(sender: Any = None, **_: Any) -> None:
+    """The node's worker stopped as asked, its tasks finished: the recorder's clean end."""
+    if not _clean_stop_asked or not _serves_this_node(sender):
+        return
+    try:
+        mark_clean_end(node_recorder(settings.SPARKOPS_NODE_NAME), local_procfs(),
+                       timezone.now())
+    except Exception:
+        log.exception("writing the flight recorder's clean end failed")
+
+
+# --- the kernel log (collectors.kernellog) -------------------------------------------------------
+# OOM kills, NVIDIA driver errors, hung tasks and failed allocations from this node's kernel log,
+# stored as events; the reader's position is kept beside the database, in the data directory.
+
+
+@shared_task(name=COLLECT_KERNEL_LOG, ignore_result=True)
+def collect_kernel_log(node_name: str) -> int:
+    """Read what is new in this node's kernel log (at most ``kernellog.RECORDS_PER_RUN``
+    records; the rest wait for the next run) and store its evidence as events; returns the
+    events created or added to."""
+    _require_local(node_name)
+    run = kernellog.collect_kernel_log(
+        local_node(), kernellog.state_path(settings.DATA_DIR, node_name),
+        proc_root=Path(settings.SPARKOPS_PROCFS))
+    if run.lost:
+        log.warning("%s: %d kernel log records were overwritten before they were read",
+                    node_name, run.lost)
+    return run.created + run.folded

@@ -110,6 +110,17 @@ MARKED_EVENTS = {
     "engine-exited": "engine stopped",
     "engine-gone": "container gone",
     "gpu-lost": "GPU lost",
+    # The flight recorder's verdict at start-up (collectors.flightrecorder).
+    "unexpected-reboot": "unexpected reboot",
+    "host-rebooted": "host rebooted",
+    "sparkops-unclean-stop": "SparkOps stopped uncleanly",
+    # The kernel's log (collectors.kernellog).
+    "kernel-oom-kill": "OOM kill",
+    "kernel-nvidia-xid": "NVIDIA Xid",
+    "kernel-no-memory": "NV_ERR_NO_MEMORY",
+    "kernel-hung-task": "hung task",
+    "kernel-allocation-failure": "allocation failure",
+    "kernel-log-gap": "kernel log lost records",
 }
 # Plans that never ran are no event on the node.
 NOT_RUN = (Restart.Status.SCHEDULED, Restart.Status.CANCELLED, Restart.Status.REFUSED)

@@ -12,6 +12,7 @@ from django.utils import timezone
 from collectors.docker_api import DETAIL_SEPARATOR
 from collectors.models import Engine, Node
 from collectors.nodes import local_node
+from collectors.rescue import audit_for_page
 from dashboard.alerting.models import Alert, AlertState
 from dashboard.engines import (
     engine_card,
@@ -77,6 +78,7 @@ def overview(request: HttpRequest, node: str) -> HttpResponse:
         "nodes": Node.objects.all(),
         "headroom": headroom,
         "gpus": current_gpus(watched),
+        "rescue": audit_for_page(watched, timezone.now()),
         "ranges": list(RANGES),
         "range_key": range_key,
         "headroom_url": reverse("dashboard:headroom-json", args=[watched.name]),

@@ -25,6 +25,7 @@ app.autodiscover_tasks()
 # tasks had when they were first deployed; each task's decorator takes its name from here.
 COLLECT_HOST_MEMORY = "collectors.tasks.collect_host_memory"
 COLLECT_ENGINES = "collectors.tasks.collect_engines"
+COLLECT_KERNEL_LOG = "collectors.tasks.collect_kernel_log"
 ROLLUP_SAMPLES = "collectors.tasks.rollup_samples"
 PRUNE_SAMPLES = "collectors.tasks.prune_samples"
 EVALUATE_ALERTS = "dashboard.alerting.tasks.evaluate_alerts"
@@ -34,7 +35,7 @@ RECOVER_INTERRUPTED_RESTARTS = "dashboard.restarts.tasks.recover_interrupted_res
 RUN_RESTART = "dashboard.restarts.tasks.run_restart_task"
 TASK_NAMES = (COLLECT_HOST_MEMORY, COLLECT_ENGINES, ROLLUP_SAMPLES, PRUNE_SAMPLES,
               EVALUATE_ALERTS, DELIVER_NOTIFICATIONS, DISPATCH_DUE_RESTARTS,
-              RECOVER_INTERRUPTED_RESTARTS, RUN_RESTART)
+              RECOVER_INTERRUPTED_RESTARTS, RUN_RESTART, COLLECT_KERNEL_LOG)
 
 CENTRAL_QUEUE = "sparkops"
 NOTIFY_QUEUE = "notify"
@@ -71,6 +72,7 @@ CENTRAL_SCHEDULE = [
 NODE_TASKS = [
     ("collect-host-memory", COLLECT_HOST_MEMORY),
     ("collect-engines", COLLECT_ENGINES),
+    ("collect-kernel-log", COLLECT_KERNEL_LOG),
 ]
 
 

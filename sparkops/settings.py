@@ -295,6 +295,10 @@ SPARKOPS_ROLLUP_RETENTION_DAYS = env_float("SPARKOPS_ROLLUP_RETENTION_DAYS", 90,
 # of MemTotal is recorded as a change an alert can name as its cause.
 SPARKOPS_LEDGER_CHANGE_FRACTION = env_float("SPARKOPS_LEDGER_CHANGE_FRACTION", 0.005, minimum=0)
 SPARKOPS_MAX_CHART_POINTS = env_int("SPARKOPS_MAX_CHART_POINTS", 2000, minimum=100)
+# Minutes of host samples (one a second) and ledgers the flight recorder keeps on the node's disk
+# (<data dir>/flight-recorder/<node>/), fsynced every collection, for the post-mortem of a host
+# that wedged or lost power (collectors.flightrecorder).
+SPARKOPS_FLIGHT_RECORDER_MINUTES = env_float("SPARKOPS_FLIGHT_RECORDER_MINUTES", 15, minimum=1)
 
 # --- alert delivery ------------------------------------------------------------------------------
 # Django's SMTP backend; EMAIL_TIMEOUT matters: without it a tarpit SMTP server blocks forever.

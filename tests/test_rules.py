@@ -5,7 +5,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from collectors.ledger import build_ledger, record_changes
-from collectors.models import Engine, EngineMetric, EngineSample, EngineStart, Metric, Sample
+from collectors.models import (
+    Engine,
+    EngineMetric,
+    EngineSample,
+    EngineStart,
+    Event,
+    Metric,
+    Sample,
+)
 from dashboard.alerting.models import Alert
 from dashboard.alerting.pipeline import run_alerts
 from dashboard.alerting.rules import (
@@ -188,6 +196,8 @@ def test_every_rule_names_its_conditions_after_itself(node):
                                requested_at=T0 - timedelta(minutes=1))
     EngineStart.objects.create(engine=engine, node=node, identity="c1@t0", seen_at=T0,
                                predicted={"held": {"value": GIB, "confidence": "exact"}})
+    Event.objects.create(node=node, kind="unexpected-reboot", severity="critical",
+                         at=T0 - timedelta(minutes=1), message="Unexpected reboot")
 
     named = {name: {c.rule for c in rule.evaluate(node, ledger, [engine],
                                                   _thresholds(name), T0)}

@@ -19,6 +19,7 @@ from sparkops.celery import TASK_NAMES, app, beat_schedule
 DEPLOYED_NAMES = {
     "collectors.tasks.collect_host_memory",
     "collectors.tasks.collect_engines",
+    "collectors.tasks.collect_kernel_log",
     "collectors.tasks.rollup_samples",
     "collectors.tasks.prune_samples",
     "dashboard.alerting.tasks.evaluate_alerts",

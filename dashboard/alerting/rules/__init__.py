@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dashboard.alerting.rules import (
     engine_down,
+    fragmentation,
     headroom_floor,
     overcommit,
     predicted_squeeze,
@@ -18,6 +19,7 @@ from dashboard.alerting.rules import (
     prefill_stall,
     queue_backlog,
     restart_failed,
+    unexpected_reboot,
     unplanned_restart,
 )
 from dashboard.alerting.rules.base import DEFAULT_REPEAT_SECONDS, Rule, ThresholdSpec
@@ -28,12 +30,14 @@ RULES: dict[str, Rule] = {
         prefill_squeeze.RULE,
         predicted_squeeze.RULE,
         headroom_floor.RULE,
+        fragmentation.RULE,
         queue_backlog.RULE,
         prefill_stall.RULE,
         engine_down.RULE,
         overcommit.RULE,
         unplanned_restart.RULE,
         restart_failed.RULE,
+        unexpected_reboot.RULE,
     )
 }
 
