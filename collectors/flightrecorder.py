@@ -68,6 +68,7 @@ from typing import Any
 
 from django.conf import settings
 
+from collectors.kernellog import previous_boot_report
 from collectors.ledger import LOADING_PHASES
 from collectors.meminfo import parse_meminfo
 from collectors.models import Engine, Event, Node
@@ -508,6 +509,10 @@ class PostMortem:
     intervals: list[dict[str, Any]]
     skipped: list[Skipped]
     findings: list[str]
+    # The previous boot's kernel log (collectors.kernellog.previous_boot_report), for an
+    # unexpected reboot: the recognised lines, and what could not be read.
+    kernel_evidence: list[dict[str, Any]] = field(default_factory=list)
+    kernel_notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -518,6 +523,7 @@ class PostMortem:
             "skipped": [{"segment": s.segment, "offset": s.offset, "length": s.length,
                          "reason": s.reason} for s in self.skipped],
             "samples": self.samples, "intervals": self.intervals,
+            "kernel_evidence": self.kernel_evidence, "kernel_notes": self.kernel_notes,
         }
 
 
@@ -655,10 +661,13 @@ class BootCheck:
     post_mortem: Path | None = None
 
 
-def check_boot(node: Node, recorder: FlightRecorder, procfs: Procfs, now: datetime
-               ) -> BootCheck:
+def check_boot(node: Node, recorder: FlightRecorder, procfs: Procfs, now: datetime,
+               previous_boot: Callable[..., Any] | None = None) -> BootCheck:
     """Compare this boot with the one the recorder last wrote; write the Event that says what
-    happened in between, then a start record. Run once per worker start, before it takes work."""
+    happened in between, then a start record. Run once per worker start, before it takes work.
+    After an unexpected reboot the post-mortem carries the previous boot's kernel log as
+    ``previous_boot`` reads it (:func:`collectors.kernellog.previous_boot_report`: the journal
+    of boot -1, pstore's crash records written since the recorded minutes began)."""
     boot, boot_note = read_boot_id(procfs)
     recorder.boot, recorder.boot_note, recorder.boot_read = boot, boot_note, True
     recording = recorder.read()
@@ -668,6 +677,8 @@ def check_boot(node: Node, recorder: FlightRecorder, procfs: Procfs, now: dateti
         kind = UNEXPECTED_REBOOT if check.verdict == UNEXPECTED_REBOOT else UNCLEAN_STOP
         mortem = post_mortem(kind, node.name, recording, check.boot_before, boot,
                              check.last_at, recorder.minutes, now)
+        if kind == UNEXPECTED_REBOOT:
+            _attach_kernel_log(mortem, previous_boot or previous_boot_report)
         check.post_mortem = write_post_mortem(recorder.directory, mortem)
         check.event = _event(node, kind, check.last_at,
                              _crash_message(check, mortem, boot_note, check.post_mortem))
@@ -679,6 +690,38 @@ def check_boot(node: Node, recorder: FlightRecorder, procfs: Procfs, now: dateti
     recorder.append([{"type": START, "at": now.isoformat(), "boot": boot,
                       "boot_note": boot_note, "pid": os.getpid()}])
     return check
+
+
+def _attach_kernel_log(mortem: PostMortem, previous_boot: Callable[..., Any]) -> None:
+    """Add what the previous boot's kernel log says to the post-mortem and its findings."""
+    try:
+        report = previous_boot(since=mortem.last_at - timedelta(minutes=mortem.minutes))
+    except Exception as error:  # the post-mortem stands without it
+        log.exception("reading the previous boot's kernel log failed")
+        mortem.kernel_notes.append(f"the previous boot's kernel log could not be read: {error}")
+        mortem.findings.append("the previous boot's kernel log could not be read")
+        return
+    mortem.kernel_evidence = [_evidence_dict(item) for item in report.evidence]
+    mortem.kernel_notes = list(report.notes)
+    if report.evidence:
+        kinds: dict[str, int] = {}
+        for item in report.evidence:
+            kinds[item.headline.split(":")[0]] = kinds.get(item.headline.split(":")[0], 0) + 1
+        told = ", ".join(f"{what} × {count}" if count > 1 else what
+                         for what, count in kinds.items())
+        mortem.findings.append(f"the previous boot's kernel log: {told} (last: "
+                               f"{report.evidence[-1].raw[:160]})")
+    else:
+        mortem.findings.append("the previous boot's kernel log shows no OOM kill, NVIDIA "
+                               "error, hung task or failed allocation"
+                               + (f" ({'; '.join(report.notes)})" if report.notes else ""))
+
+
+def _evidence_dict(item: Any) -> dict[str, Any]:
+    data = dict(vars(item))
+    if data.get("at") is not None:
+        data["at"] = data["at"].isoformat()
+    return data
 
 
 def _judge(last: dict[str, Any] | None, boot: str | None) -> BootCheck:

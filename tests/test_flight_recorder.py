@@ -451,3 +451,42 @@ def test_the_alert_is_open_while_the_reboot_was_found_recently(node, found_after
                                  "(MemAvailable).")
     assert condition.details["event_id"] == event.pk
     assert condition.details["last_record_at"] == last.isoformat()
+
+
+def test_an_unexpected_reboot_carries_the_previous_boots_kernel_log(node, tmp_path):
+    from collectors import kernellog
+
+    pstore = Path(__file__).parent / "fixtures" / "kernel" / "pstore" / "sys-fs-pstore"
+    recorder = fr.FlightRecorder(tmp_path / "rec", 15)
+    last = _recorded_run(recorder, str(uuid.uuid4()), clean=False)
+
+    def previous_boot(since):
+        return kernellog.previous_boot_report(journalctl=None, pstore_roots=[pstore],
+                                              since=since)
+
+    check = fr.check_boot(node, recorder, _boot_tree(tmp_path, str(uuid.uuid4())),
+                          last + timedelta(hours=1), previous_boot=previous_boot)
+
+    mortem = json.loads(check.post_mortem.read_text())
+    raws = [item["raw"] for item in mortem["kernel_evidence"]]
+    assert any("page allocation failure: order:9" in raw for raw in raws)
+    assert all(item["source"].startswith(str(pstore)) or "pstore" in item["source"]
+               for item in mortem["kernel_evidence"])
+    event = Event.objects.get(kind=fr.UNEXPECTED_REBOOT)
+    assert "the previous boot's kernel log: " in event.message
+
+
+def test_a_kernel_log_that_cannot_be_read_leaves_the_post_mortem_standing(node, tmp_path):
+    recorder = fr.FlightRecorder(tmp_path / "rec", 15)
+    last = _recorded_run(recorder, str(uuid.uuid4()), clean=False)
+
+    def unreadable(since):
+        raise OSError("permission denied")
+
+    check = fr.check_boot(node, recorder, _boot_tree(tmp_path, str(uuid.uuid4())),
+                          last + timedelta(hours=1), previous_boot=unreadable)
+
+    assert check.verdict == fr.UNEXPECTED_REBOOT
+    mortem = json.loads(check.post_mortem.read_text())
+    assert mortem["kernel_notes"] == ["the previous boot's kernel log could not be read: "
+                                      "permission denied"]
