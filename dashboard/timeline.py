@@ -90,6 +90,10 @@ HOST_SERIES = [
                "Reclaimable page cache", "GiB"),
     HostSeries("swap_used", Metric.SWAP_USED, "Swap in use", "GiB"),
     HostSeries("psi_some_avg10", Metric.PSI_SOME_AVG10, "Memory pressure (PSI some avg10)", "%"),
+    # Fragmentation (collectors.fragmentation): MemAvailable can look fine while no large
+    # block is left.
+    HostSeries("free_in_huge_blocks", Metric.FREE_IN_HUGE_BLOCKS,
+               "Free in huge-page-sized blocks", "GiB"),
 ]
 
 # Engine series: (panel, key suffix, metric, label, scale to the panel's unit).

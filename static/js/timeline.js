@@ -20,13 +20,17 @@
     page_cache_reclaimable: { color: "#d2a8ff", width: 1.5, dash: "dash" },
     swap_used: { color: "#f0a020", width: 1.5, dash: "dashdot" },
     psi_some_avg10: { color: "#9da7b3", width: 1, dash: "dot" },
+    free_in_huge_blocks: { color: "#e69f00", width: 1, dash: "longdash" },
   };
   const SEVERITY_COLORS = { critical: "#ff7b72", error: "#ff7b72", warning: "#f0a020", info: "#58a6ff" };
   const MARKER_SYMBOLS = {
     "restart-planned": "diamond", "restart-unplanned": "x", "alert-fired": "triangle-up",
     "alert-resolved": "triangle-down-open", "phase-change": "circle-open",
     "prefill-stall": "hourglass", "engine-exited": "square", "engine-gone": "square-x-open",
-    "gpu-lost": "star",
+    "gpu-lost": "star", "unexpected-reboot": "x-thin-open", "host-rebooted": "circle-cross-open",
+    "sparkops-unclean-stop": "x-open", "kernel-oom-kill": "x", "kernel-nvidia-xid": "star-diamond",
+    "kernel-no-memory": "bowtie", "kernel-hung-task": "hourglass-open",
+    "kernel-allocation-failure": "hexagon-open", "kernel-log-gap": "line-ew-open",
   };
   const LANES = { restarts: "restarts", alerts: "alerts", engines: "engines" };
   const WEIGHTS = { markers: 0.55, headroom: 1.4, ledger: 1.4, kv: 0.8, prefill: 0.9, decode: 0.9 };
