@@ -9,6 +9,12 @@ Node-side and database-free: whether a drop may happen now (engine stopped, cool
 audit row are decided by the caller (:mod:`dashboard.restarts.pagecache`). In read-only mode
 (``SPARKOPS_READ_ONLY``) the helper is never run: :func:`run_drop_helper` refuses here, whoever
 asks.
+
+Compacting memory (:func:`compact_memory`: ``1`` written to ``/proc/sys/vm/compact_memory``, so
+that the free pages a drop left scattered become the large blocks a loading engine allocates) is
+done only where SparkOps itself runs as root: the helper takes no arguments and does not
+compact, and the sudoers rule allows nothing else. Elsewhere it is refused with that reason,
+and read-only mode refuses it too.
 """
 
 from __future__ import annotations
@@ -19,14 +25,15 @@ import re
 import signal
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from django.conf import settings
 
 from collectors.docker_api import READ_ONLY_TEXT, read_only
 from sparkops.units import KIB
 
-__all__ = ["DROP_TIMEOUT_SECONDS", "DropFailed", "DropResult", "PageCacheError",
-           "ReadOnlyRefused", "drop_command", "run_drop_helper"]
+__all__ = ["DROP_TIMEOUT_SECONDS", "CompactFailed", "DropFailed", "DropResult", "PageCacheError",
+           "ReadOnlyRefused", "compact_memory", "drop_command", "run_drop_helper"]
 
 # sync writes back every dirty page first, which can take a while on a busy disk; past this the
 # helper is stopped and the drop reported as failed.
@@ -95,6 +102,32 @@ def run_drop_helper(command: list[str], timeout_seconds: float) -> DropResult:
         cached_before=int(found["before"]) * KIB if "before" in found else None,
         cached_after=int(found["after"]) * KIB if "after" in found else None,
     )
+
+
+class CompactFailed(PageCacheError):
+    """Memory was not compacted; ``str(error)`` says why (not root, read-only, the write)."""
+
+
+COMPACT_FILE = "sys/vm/compact_memory"
+
+
+def compact_memory(proc_root: Path = Path("/proc")) -> None:
+    """Ask the kernel to compact all memory now (``1`` into ``<proc_root>/sys/vm/compact_memory``;
+    it returns once compaction ran, a second or so on a large host).
+
+    Raises :class:`CompactFailed` in read-only mode, when SparkOps is not root (the no-argument
+    helper cannot compact, and nothing else is allowed through sudo) and when the write fails.
+    """
+    if read_only():
+        raise CompactFailed(f"memory was not compacted: {READ_ONLY_TEXT}")
+    if os.geteuid() != 0:
+        raise CompactFailed("memory was not compacted: that needs root, and the drop-caches "
+                            "helper does not compact")
+    try:
+        (proc_root / COMPACT_FILE).write_text("1\n")
+    except OSError as error:
+        raise CompactFailed(f"writing 1 to {proc_root / COMPACT_FILE} failed: "
+                            f"{error.strerror or error}") from None
 
 
 def _stop(process: subprocess.Popen[str]) -> None:

@@ -332,6 +332,14 @@ SPARKOPS_DROP_CACHES_COMMAND = env_list(
 # Dropping the page cache is costly for everything else on the node: at most once per cooldown.
 SPARKOPS_DROP_CACHES_COOLDOWN_SECONDS = env_float("SPARKOPS_DROP_CACHES_COOLDOWN_SECONDS", 300,
                                                   minimum=0)
+# How long after an engine stopped its memory must be back (MemAvailable, or the memory budget's
+# room, up by what it held) before SparkOps calls it "memory not returned": a restart is then not
+# started into it, and an unplanned stop raises the memory-not-returned alert.
+SPARKOPS_MEMORY_RETURN_GRACE_SECONDS = env_float("SPARKOPS_MEMORY_RETURN_GRACE_SECONDS", 60,
+                                                 minimum=1)
+# While a restarted engine loads, MemFree below this floor has the runbook drop the page cache
+# again (the guarded start). 0: what the engine still has to allocate plus the restart margin.
+SPARKOPS_GUARDED_START_FLOOR_GIB = env_float("SPARKOPS_GUARDED_START_FLOOR_GIB", 0, minimum=0)
 # How long a restart waits for an engine's running requests to finish before stopping it.
 SPARKOPS_RESTART_DRAIN_TIMEOUT_SECONDS = env_float("SPARKOPS_RESTART_DRAIN_TIMEOUT_SECONDS", 120,
                                                    minimum=0)

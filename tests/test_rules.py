@@ -28,6 +28,7 @@ from dashboard.alerting.rules import (
 )
 from dashboard.alerting.settings import rule_settings
 from dashboard.notify.models import Channel, Notification
+from dashboard.restarts.fit import MemoryReturn
 from dashboard.restarts.models import Restart
 from sparkops.units import GIB
 
@@ -198,6 +199,13 @@ def test_every_rule_names_its_conditions_after_itself(node):
                                predicted={"held": {"value": GIB, "confidence": "exact"}})
     Event.objects.create(node=node, kind="unexpected-reboot", severity="critical",
                          at=T0 - timedelta(minutes=1), message="Unexpected reboot")
+    Restart.objects.create(
+        node=node, engine=engine, kind="unplanned", status="detected",
+        requested_at=T0 - timedelta(minutes=2), started_at=T0 - timedelta(minutes=2),
+        after={"memory_return": {
+            "verdict": "not returned", "stopped_at": (T0 - timedelta(minutes=1)).isoformat(),
+            "accounts": [MemoryReturn("host", 20 * GIB, 24 * GIB, GIB, best=30 * GIB).as_dict()],
+            "engines_held": {}}})
 
     named = {name: {c.rule for c in rule.evaluate(node, ledger, [engine],
                                                   _thresholds(name), T0)}

@@ -173,6 +173,11 @@ class EmulatorConfig:
     # Speculative decoding (--speculative-config) and the share of drafted tokens accepted.
     speculative: SpeculativeSpec | None = None
     spec_acceptance: float = 0.7
+    # Memory not returned (--emulator-leak-on-stop): this much of the weights lives in a file
+    # under `leak_dir` (a host tmpfs bind-mounted into the container) that the emulator never
+    # removes, so its pages stay held after the container stopped.
+    leak_on_stop_bytes: int = 0
+    leak_dir: str | None = None
 
     @property
     def model_name(self) -> str:
@@ -292,6 +297,8 @@ _FLAGS: dict[str, _Flag] = {
     "--emulator-strict-memory": _Flag("emulator_strict_memory", None, True, vllm=False),
     "--emulator-stats-interval": _Flag("emulator_stats_interval", _float, vllm=False),
     "--emulator-spec-acceptance": _Flag("emulator_spec_acceptance", _float, vllm=False),
+    "--emulator-leak-on-stop": _Flag("emulator_leak_on_stop", human_readable_int, vllm=False),
+    "--emulator-leak-dir": _Flag("emulator_leak_dir", str, vllm=False),
 }
 
 USAGE = f"usage: {PROG} [model_tag] [options]"
@@ -333,6 +340,9 @@ emulator flags:
   --emulator-stats-interval S            periodic stats line (VLLM_LOG_STATS_INTERVAL or 10)
   --emulator-spec-acceptance F           share of drafted tokens accepted with
                                          --speculative-config (0.7)
+  --emulator-leak-on-stop N              N bytes of the weights are held in a file under
+                                         --emulator-leak-dir DIR (a tmpfs), never removed: they
+                                         stay held after the process (and its container) ended
 """
 
 
@@ -524,7 +534,21 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         enable_sleep_mode=values.get("enable_sleep_mode", False),
         speculative=_speculative(values.get("speculative_config")),
         spec_acceptance=_spec_acceptance(bounded),
+        **_leak(values, bounded),
     )
+
+
+def _leak(values: dict[str, Any], bounded: _Bounded) -> dict[str, Any]:
+    """``--emulator-leak-on-stop`` (part of the weights, so at most them) and its folder."""
+    leak = bounded.not_negative("emulator_leak_on_stop", 0)
+    folder = values.get("emulator_leak_dir")
+    if leak > bounded.not_negative("emulator_weights_bytes", 64 << 20):
+        raise CliError("argument --emulator-leak-on-stop: part of the weights: at most "
+                       "--emulator-weights-bytes")
+    if leak and not folder:
+        raise CliError("argument --emulator-leak-on-stop: needs --emulator-leak-dir (a tmpfs "
+                       "folder that outlives the container)")
+    return {"leak_on_stop_bytes": leak, "leak_dir": folder}
 
 
 def _speculative(config: dict[str, Any] | None) -> SpeculativeSpec | None:

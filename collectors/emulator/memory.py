@@ -7,11 +7,21 @@ touched (one byte written per page), so the kernel really backs it, the process'
 its size and the host's MemFree/MemAvailable fall by it. Private (not shared) on purpose: a
 shared anonymous mapping is accounted as shmem, which /proc/meminfo reports under `Cached`, and
 SparkOps would mistake the emulator for page cache.
+
+One exception, on purpose: :class:`LeftBehind`, memory that does not come back when the engine
+stops (``--emulator-leak-on-stop``). It is a file on a tmpfs (shared memory, as a segment in
+``/dev/shm`` is): its pages are ``Shmem``, counted neither in MemAvailable nor as droppable
+cache, charged to the memory cgroup of the process that wrote them, and, unlike the process's
+own mappings, they outlive it. A container's processes all die with it, so no helper process
+of its own can keep memory after a stop; a file the host keeps can, as a leaked shared-memory
+segment or IPC buffer keeps its pages: it stands for memory that is "not returned" after an
+engine's container exited.
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 import threading
 from pathlib import Path
 
@@ -66,6 +76,28 @@ class Reservation:
             self._map.close()
             self._map = None
         self._touched = 0
+
+
+class LeftBehind:
+    """``nbytes`` written to a new file in ``folder`` (meant to be a tmpfs the host mounts into
+    the container), resident at once and never removed by the emulator: they stay held after it
+    exits, until someone deletes the file (or the host reboots). ``path`` names it."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, folder: str | os.PathLike[str], nbytes: int, name: str) -> None:
+        if nbytes < 0:
+            raise ValueError("a reservation cannot be negative")
+        self.nbytes = nbytes
+        self.path = Path(folder) / name
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            block = b"\x01" * self.CHUNK
+            left = nbytes
+            while left > 0:
+                left -= os.write(fd, block[:min(left, self.CHUNK)])
+        finally:
+            os.close(fd)
 
 
 class TransientBuffer:

@@ -5,7 +5,8 @@ real start prints them (vllm/v1/worker/gpu_worker.py, gpu_model_runner.py, kv_ca
 vllm/entrypoints/...); durations are the `--emulator-*-seconds` flags (a real GB10 start takes
 about ten minutes). What each phase holds, for real:
 
-* loading — the weights, made resident gradually over the loading time;
+* loading — the weights, made resident gradually over the loading time (the part
+  `--emulator-leak-on-stop` names at once, in a file that outlives the engine);
 * profiling — additionally a peak activation buffer of `max_num_batched_tokens` tokens, released
   at the end (vLLM's profile run uses the same width as the largest prefill step);
 * KV cache — the pool: exactly `--kv-cache-memory-bytes` when pinned, else what
@@ -18,6 +19,7 @@ a dying EngineCore does. SIGTERM during start-up raises `Interrupted`.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from . import messages
 from .cli import EmulatorConfig
 from .logs import API_PROCESS, VllmLog
-from .memory import Reservation, host_memory
+from .memory import LeftBehind, Reservation, host_memory
 from .planning import (
     KvPlan,
     estimated_max_model_len,
@@ -81,6 +83,8 @@ class Resources:
     kv: Reservation | None = None
     graphs: Reservation | None = None
     transient: list[Reservation] = field(default_factory=list)
+    # The part of the weights that outlives the engine (--emulator-leak-on-stop): never freed.
+    left_behind: LeftBehind | None = None
 
     def free_all(self) -> None:
         for reservation in (self.weights, self.kv, self.graphs, *self.transient):
@@ -175,14 +179,20 @@ class Startup:
         c = self.config
         self.log.core(*messages.starting_to_load(c.model))
         started = time.monotonic()
+        private = c.weights_bytes - c.leak_on_stop_bytes
         try:
-            weights = Reservation(c.weights_bytes)
+            if c.leak_on_stop_bytes:
+                # The first shard: held in a file the container's end does not free.
+                self.resources.left_behind = LeftBehind(
+                    c.leak_dir or "", c.leak_on_stop_bytes,
+                    f"emulator-weights-{os.uname().nodename}-{c.port}-{time.time_ns()}")
+            weights = Reservation(private)
         except (OSError, MemoryError):
             raise StartupFailed(messages.weights_oom_error(), FRAMES_LOAD) from None
         self.resources.weights = weights
         # Weights arrive shard by shard: memory grows over the loading time, as on a real node.
         for step in range(1, LOAD_STEPS + 1):
-            weights.touch(c.weights_bytes * step // LOAD_STEPS)
+            weights.touch(private * step // LOAD_STEPS)
             self._sleep(c.load_seconds / LOAD_STEPS)
         elapsed = time.monotonic() - started
         self.log.core(*messages.loading_weights_took(elapsed))

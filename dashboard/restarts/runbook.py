@@ -12,20 +12,39 @@ written as a :class:`~dashboard.restarts.models.RestartStep` with its times, res
    the numbers, and the container is not touched.
 2. ``drain``: wait until its running and waiting requests are 0, up to
    ``SPARKOPS_RESTART_DRAIN_TIMEOUT_SECONDS`` (then go on, noting it).
-3. ``stop``: stop the container (audited).
+3. ``stop``: stop the container (audited). Just before, the room the stop should grow is read
+   (MemAvailable, or the memory budget's room when the engine runs in one) with what the engine
+   held (:func:`dashboard.restarts.fit.returned_by_stop`): the step's ``memory_return``.
 4. ``drop_caches``: drop the page cache (:mod:`dashboard.restarts.pagecache`); a refusal (the
    cooldown) or a failure is noted, not fatal: the re-check decides.
-5. ``recheck``: once no neighbour is mid-startup (one still unsized after the minimum startup
-   deadline ends the run), MemFree (what CUDA sees on GB10) against the need. If it does not
-   fit: ``aborted`` and the container is **left stopped**. Starting it
-   would fail (or, with ``--kv-cache-memory-bytes``, over-commit the host, which on GB10 wedges
-   it); an engine that stays down is what the restart-failed alert is for, and
+5. ``recheck``: first, did the memory come back? The room is read until it is what it was
+   before the stop plus what the engine held, less the tolerance
+   (:func:`dashboard.restarts.fit.return_tolerance`), for up to
+   ``SPARKOPS_MEMORY_RETURN_GRACE_SECONDS`` after the stop. If it is not: "memory not
+   returned", a ``memory-not-returned`` event, and ``aborted`` with the container **left
+   stopped**, naming what is missing: starting into memory that is gone is how a GB10 wedges.
+   (A neighbour starting meanwhile moves the room by its own allocations: the answer is then
+   unknown, noted, and the run goes on.) Then, once no neighbour is mid-startup (one still
+   unsized after the minimum startup deadline ends the run), MemFree (what CUDA sees on GB10)
+   against the need. If it does not fit: ``aborted`` and the container is **left stopped**.
+   Starting it would fail (or, with ``--kv-cache-memory-bytes``, over-commit the host, which on
+   GB10 wedges it); an engine that stays down is what the restart-failed alert is for, and
    ``container_state`` says it is stopped.
 6. ``start``: start the container (audited); the startup deadline is set from here.
 7. ``follow``: poll the container, its log since this start and its health endpoint until
    ready; each startup phase is recorded. ``failed`` when the container exits, the log reports
    a startup error, or the deadline passes. A failed start leaves the container as it is (a
    slow load may still finish; the admin decides), and ``container_state`` says how it is.
+   Until the engine reports its KV pool (phase ``kv_allocated`` or later) each poll is also the
+   **guarded start**: MemFree (and the memory budget's free room, where the engine runs in one)
+   against a floor (``SPARKOPS_GUARDED_START_FLOOR_GIB``, or what the engine still has to
+   allocate plus the margin: :func:`dashboard.restarts.fit.guard_floor`); below it the page
+   cache is dropped again and memory compacted
+   (:func:`dashboard.restarts.pagecache.drop_while_starting`), at most
+   :data:`GUARD_MAX_INTERVENTIONS` times per start and never within the drop cooldown (this
+   run's own ``drop_caches`` step aside: that one emptied the cache before the load that
+   refills it), each audited and kept in the step's ``guarded_start`` data (time, MemFree
+   before and after, what was done). Read-only mode refuses it, audited, and the watch ends.
 8. ``record``: status, outcome, measured startup (start → ready), memory and KV capacity
    before and after, container state.
 
@@ -69,6 +88,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -92,13 +112,14 @@ from collectors.docker_api import (
 )
 from collectors.fitplan import PlanError, PlanRequest
 from collectors.fitplan import plan as plan_fit
+from collectors.hostmemory import configured_budget
 from collectors.kinds.base import KindReader
 from collectors.kinds.registry import reader_for
 from collectors.ledger import engine_share
 from collectors.meminfo import MemInfo, parse_meminfo
 from collectors.models import Engine, Event
 from collectors.nodes import local_procfs
-from collectors.procfs import Procfs, ProcfsError
+from collectors.procfs import Procfs, ProcfsError, read_memory_budget
 from collectors.redaction import mask_command
 from collectors.sampling import Clock, stale_after
 from collectors.starts import history_for
@@ -119,16 +140,32 @@ from dashboard.restarts.dispatch import (
     stale_reason,
 )
 from dashboard.restarts.fit import (
+    BUDGET,
+    HOST,
     PRECHECK_MARGIN_FRACTION,
+    ROOM_WORDS,
     Fit,
+    MemoryReturn,
+    engines_held,
+    guard_floor,
     planned_need,
     precheck_fit,
     recheck_fit,
+    return_tolerance,
+    returned_by_stop,
     startup_deadline_seconds,
     with_need,
 )
 from dashboard.restarts.models import Restart, RestartStep
-from dashboard.restarts.pagecache import DROP_TIMEOUT_SECONDS, PageCacheError, drop_page_cache
+from dashboard.restarts.pagecache import (
+    DROP_TIMEOUT_SECONDS,
+    DropRefused,
+    PageCacheError,
+    cooldown_refusal,
+    drop_page_cache,
+    drop_while_starting,
+    last_drop_before_guard,
+)
 from sparkops.httpfetch import FetchError, fetch
 from sparkops.units import GIB, size_text
 
@@ -150,6 +187,13 @@ SCRAPE_DEADLINE_SECONDS = 4.0
 # A neighbour before this phase has not yet logged its KV cache size: starting now would break
 # its memory profiling (and ours).
 _NOT_YET_SIZED = {"loading", "profiling"}
+# The guarded start watches while the engine's log says no more than this (it has not reported
+# its KV pool yet), and drops the page cache at most this often per start.
+_GUARDED_PHASES = {"unknown", "loading", "profiling"}
+GUARD_MAX_INTERVENTIONS = 3
+MEMORY_NOT_RETURNED = "memory-not-returned"
+# What "free" is in each room the guarded start watches.
+FREE_WORDS = {HOST: "MemFree", BUDGET: "the memory budget's free room"}
 
 
 class RestartLost(Exception):
@@ -250,6 +294,39 @@ class _Started:
     deadline_seconds: float
 
 
+@dataclass
+class _Guard:
+    """The guarded start of one run: what MemFree is compared with, and what was done.
+
+    ``start`` holds the available room of each watched room (:data:`HOST`, and :data:`BUDGET`
+    where the engine runs in the memory budget) when the container was started: what the engine
+    has allocated since is read against it (:func:`dashboard.restarts.fit.guard_floor`).
+    """
+
+    need: int
+    margin: int
+    fixed: int | None
+    start: dict[str, int | None]
+    interventions: list[dict[str, Any]] = field(default_factory=list)
+    held_back: str = ""
+    checks: int = 0
+    watching: bool = True
+    ended: str = ""
+
+    def floor_words(self) -> str:
+        if self.fixed is not None:
+            return f"{size_text(self.fixed)} (SPARKOPS_GUARDED_START_FLOOR_GIB)"
+        return f"what the engine still has to allocate + the margin of {size_text(self.margin)}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"floor": self.floor_words(), "fixed_floor_bytes": self.fixed,
+                "need_bytes": self.need, "margin_bytes": self.margin,
+                "rooms": sorted(self.start), "available_at_start": dict(self.start),
+                "checks": self.checks, "max_interventions": GUARD_MAX_INTERVENTIONS,
+                "interventions": list(self.interventions), "held_back": self.held_back,
+                "watching": self.watching, "ended": self.ended}
+
+
 class _Run:
     """One claimed restart being carried out; every method is one step or a helper of one."""
 
@@ -274,6 +351,16 @@ class _Run:
         # This start's log as the kind's parser read it (vLLM's StartupLog or a KindStartup).
         self.new_log: Any = None
         self._failed_seen: float | None = None
+        # What the stop should hand back (None: nothing to expect, ``return_note`` says why),
+        # when it ended, and who was starting then; the re-check's verdict (kept in ``after``).
+        self.return_account: MemoryReturn | None = None
+        self.return_note: dict[str, Any] = {}
+        self.stopped_mono: float | None = None
+        self.stopped_wall: datetime | None = None
+        self.neighbours_at_stop: list[str] = []
+        self.memory_return: dict[str, Any] | None = None
+        self.guard: _Guard | None = None
+        self.need = 0
 
     # -- the sequence --------------------------------------------------------------------------
 
@@ -408,6 +495,7 @@ class _Run:
             if not running:
                 note.done("the container was not running")
                 return
+            self.expect_memory_back(note)
             begun = self.clock.mono()
             try:
                 stop_container(self.docker, self.engine.container_id)
@@ -422,8 +510,33 @@ class _Run:
             if status.running:
                 raise _Finish(Restart.Status.FAILED,
                               f"{self.engine.name} is still running after the stop.")
+            self.stopped_mono, self.stopped_wall = self.clock.mono(), self.clock.wall()
+            note.data["memory_return"]["stopped_at"] = self.stopped_wall.isoformat()
             note.done(f"stopped in {took:.1f} s", exit_code=status.exit_code,
                       stop_seconds=round(took, 2))
+
+    def expect_memory_back(self, note: _StepNote) -> None:
+        """Just before the stop: the room it should grow, now, and what the engine holds (the
+        step's ``memory_return``); and which neighbours are starting (their allocations would
+        move the room too)."""
+        self.engine.refresh_from_db()
+        held, parts = returned_by_stop(engine_share(self.engine),
+                                       gpu_seen=self.engine.gpu_memory_bytes)
+        source, room, total, why = self._return_room()
+        self.neighbours_at_stop = self._neighbours_starting()
+        note_data: dict[str, Any] = {"source": source, "held_parts": parts, "total_bytes": total}
+        if held is None:
+            note_data.update(verdict="unknown", why=(
+                f"what {self.engine.name} holds is not known: it reports neither its weights "
+                "and KV pool nor loaded models, and NVML sees nothing of its processes"))
+        elif room is None:
+            note_data.update(verdict="unknown", why=f"{ROOM_WORDS[source]} unknown: {why}")
+        else:
+            self.return_account = MemoryReturn(source, room, held,
+                                               return_tolerance(held, total))
+            note_data.update(self.return_account.as_dict())
+        self.return_note = note_data
+        note.data["memory_return"] = note_data
 
     def drop_caches(self) -> None:
         with self.step("drop_caches") as note:
@@ -445,7 +558,9 @@ class _Run:
                       cached_after_bytes=result.cached_after)
 
     def recheck(self, need: int) -> None:
+        self.need = need
         with self.step("recheck") as note:
+            self.check_memory_back(note)
             waited = self.wait_for_neighbours()
             info = self.meminfo()
             mem_free = info.get("MemFree") if info else None
@@ -457,6 +572,67 @@ class _Run:
                               f"{fit.describe('is free (MemFree)')}. Left stopped: it would "
                               "not start, or over-commit the node.")
             note.done(f"fits: {fit.describe('is free (MemFree)')}")
+
+    def check_memory_back(self, note: _StepNote) -> None:
+        """Did the stop hand back what the engine held? The room is read until it is back
+        within the tolerance, for up to the grace period after the stop; if not, the run ends
+        ``aborted`` (left stopped), naming what is missing, with a ``memory-not-returned``
+        event. Unknown (noted, the run goes on) without an account, or when a neighbour was
+        starting: its allocations move the room as much."""
+        account = self.return_account
+        if account is None or self.stopped_mono is None:
+            data = self.return_note or {"verdict": "unknown", "why": "the container was not "
+                                        "running: nothing to hand back"}
+            note.data["memory_return"] = {**data, "words": f"Not judged: {data['why']}."}
+            return
+        grace = settings.SPARKOPS_MEMORY_RETURN_GRACE_SECONDS
+        while True:
+            account = account.reading(self._room_now(account.source))
+            waited = self.clock.mono() - self.stopped_mono
+            starting = self.neighbours_at_stop or self._neighbours_starting()
+            if starting or account.returned or waited >= grace:
+                break
+            self.heartbeat()
+            self.clock.sleep(min(self.poll, max(grace - waited, 0.0)))
+        words = ROOM_WORDS[account.source]
+        data = {**self.return_note, **account.as_dict(), "accounts": [account.as_dict()],
+                "text": "", "grace_seconds": grace,
+                "waited_seconds": round(waited, 1),
+                "stopped_at": self.stopped_wall.isoformat() if self.stopped_wall else None,
+                "engines_held": engines_held(
+                    Engine.objects.filter(node=self.node, present=True)
+                    .exclude(pk=self.engine.pk)) | {str(self.engine.pk): 0}}
+        seen = (f"{words} {size_text(account.best)}, expected {size_text(account.expected)} "
+                f"± {size_text(account.tolerance)}")
+        held = size_text(account.held)
+        if starting:
+            why = f"{', '.join(starting)} started meanwhile: its allocations move {words} too"
+            data.update(verdict="unknown", why=why, words=f"Not judged: {why}.")
+        elif account.returned is None:
+            why = f"{words} could not be read after the stop"
+            data.update(verdict="unknown", why=why, words=f"Not judged: {why}.")
+        elif account.returned:
+            data.update(verdict="returned", why="", words=(
+                f"What {self.engine.name} held ({held}) came back within {waited:.0f} s "
+                f"({seen})."))
+        else:
+            data.update(verdict="not returned", why="", words=(
+                f"{size_text(account.missing)} of what {self.engine.name} held ({held}) was "
+                f"still missing {waited:.0f} s after it stopped ({seen})."))
+        note.data["memory_return"] = data
+        self.memory_return = data
+        if data["verdict"] != "not returned":
+            return
+        missing = size_text(account.missing)
+        data["text"] = (f"{self.engine.name}: memory not returned: {missing} of what it held "
+                        f"({held}) is still missing {waited:.0f} s after it stopped ({seen}).")
+        Event.objects.create(node=self.node, engine=self.engine, at=self.clock.wall(),
+                             kind=MEMORY_NOT_RETURNED, severity=Event.Severity.WARNING,
+                             message=data["text"])
+        raise _Finish(Restart.Status.ABORTED,
+                      f"Memory not returned: {missing} of what {self.engine.name} held is "
+                      f"still missing {waited:.0f} s after it stopped ({seen}); not starting "
+                      "into it (a reboot frees it). Left stopped.")
 
     def start(self) -> _Started:
         with self.step("start") as note:
@@ -484,6 +660,7 @@ class _Run:
             seconds = startup_deadline_seconds(self.restart.expected_startup_seconds)
             deadline = wall + timedelta(seconds=seconds)
             self._save(deadline=deadline)
+            self.guard = self._new_guard()
             note.done(f"started; expected ready in {self.restart.expected_startup_seconds} s, "
                       f"deadline {deadline:%H:%M:%S} UTC", started_at=wall.isoformat(),
                       deadline=deadline.isoformat(), deadline_seconds=seconds)
@@ -552,6 +729,7 @@ class _Run:
                     self.new_log = startup
                     if startup.phase != "unknown":  # nothing logged yet is not a phase
                         self._note_phase(note, phases, startup.phase, elapsed)
+                self.guard_start(note, startup)
                 failure = self._startup_failure(status, startup, elapsed, started)
                 if failure:
                     failure += self.after_failed_recreation(status)
@@ -566,6 +744,108 @@ class _Run:
                 self.heartbeat()
                 self.clock.sleep(self.poll)
 
+    # -- the guarded start ------------------------------------------------------------------------
+
+    def _new_guard(self) -> _Guard:
+        """The guarded start of this run, from the rooms as the container starts."""
+        fixed_gib = settings.SPARKOPS_GUARDED_START_FLOOR_GIB
+        info = self.meminfo()
+        return _Guard(need=self.need, margin=self.margin(info),
+                      fixed=int(fixed_gib * GIB) if fixed_gib > 0 else None,
+                      start={source: available
+                             for source, (_, available) in self._guard_readings(info).items()})
+
+    def _guard_readings(self, info: MemInfo | None = None
+                        ) -> dict[str, tuple[int | None, int | None]]:
+        """``(free, available)`` now in each room the guarded start watches: MemFree and
+        MemAvailable; and, where the engine runs in the memory budget, its limit less its usage
+        (page cache included) and its room (limit less its working set)."""
+        info = info or self.meminfo()
+        readings = {HOST: (info.get("MemFree") if info else None,
+                           info.mem_available if info else None)}
+        budget = self._budget_if_inside()
+        if budget is not None:
+            reading = read_memory_budget(budget)
+            free = None if reading.limit is None or reading.usage is None \
+                else max(reading.limit - reading.usage, 0)
+            readings[BUDGET] = (free, reading.room)
+        return readings
+
+    def guard_start(self, note: _StepNote, startup: Any) -> None:
+        """One check of the guarded start while the engine has not reported its KV pool: free
+        memory below the floor in any watched room has the page cache dropped and memory
+        compacted, within the limits; what was found and done goes to the step's data."""
+        guard = self.guard
+        if guard is None or not guard.watching:
+            return
+        phase = startup.phase if startup is not None else "unknown"
+        if phase not in _GUARDED_PHASES:
+            guard.watching = False
+            guard.ended = f"watched until the engine reported phase {phase}"
+            note.data["guarded_start"] = guard.as_dict()
+            return
+        guard.checks += 1
+        note.data["guarded_start"] = guard.as_dict()
+        short = self._below_floor(guard)
+        if short is None:
+            return
+        source, free, floor, still = short
+        why = (f"{FREE_WORDS[source]} {size_text(free)} below the floor of {size_text(floor)} "
+               f"({size_text(still)} still to allocate) at phase {phase}")
+        if len(guard.interventions) >= GUARD_MAX_INTERVENTIONS:
+            guard.held_back = (f"{why}; not dropped: the {GUARD_MAX_INTERVENTIONS} "
+                               "interventions of a start are used")
+        else:
+            refusal = cooldown_refusal(last_drop_before_guard(self.node.pk, self.restart),
+                                       self.clock.wall())
+            if refusal:
+                guard.held_back = f"{why}; not dropped: {refusal}"
+            else:
+                self._intervene(guard, source, free, floor, why)
+        note.data["guarded_start"] = guard.as_dict()
+        note.save()
+
+    def _below_floor(self, guard: _Guard) -> tuple[str, int, int, int] | None:
+        """``(room, free, floor, still to allocate)`` of the room furthest below its floor;
+        None when every room is above it (or unreadable)."""
+        short = []
+        for source, (free, available) in self._guard_readings().items():
+            if free is None:
+                continue
+            floor, still = guard_floor(guard.need, available_at_start=guard.start.get(source),
+                                       available_now=available, margin=guard.margin,
+                                       fixed=guard.fixed)
+            if free < floor:
+                short.append((source, free, floor, still))
+        return min(short, key=lambda item: item[1] - item[2]) if short else None
+
+    def _intervene(self, guard: _Guard, source: str, free: int, floor: int, why: str) -> None:
+        at = self.clock.wall()
+        entry: dict[str, Any] = {"at": at.isoformat(), "room": source,
+                                 "room_words": FREE_WORDS[source], "free_before_bytes": free,
+                                 "free_before_text": size_text(free), "floor_bytes": floor,
+                                 "floor_text": size_text(floor)}
+        try:
+            # No heartbeat while the helper runs, as in the drop_caches step.
+            done = drop_while_starting(
+                engine=self.engine, restart=self.restart, actor=self.actor, why=why,
+                proc_root=self.procfs.root, timeout_seconds=min(
+                    DROP_TIMEOUT_SECONDS, settings.SPARKOPS_RESTART_HEARTBEAT_STALE_SECONDS / 2))
+        except DropRefused as error:
+            guard.watching = False
+            guard.ended = f"stopped watching: {error}"
+            guard.interventions.append({**entry, "free_after_bytes": None,
+                                        "free_after_text": "—", "dropped": False,
+                                        "compacted": False, "done": f"refused: {error}",
+                                        "text": f"{why}: refused: {error}"})
+            return
+        after = self._guard_readings().get(source, (None, None))[0]
+        guard.interventions.append({
+            **entry, "free_after_bytes": after, "free_after_text": size_text(after),
+            "dropped": done.result is not None,
+            "compacted": done.compacted, "done": done.words(),
+            "text": f"{why}: {done.words()}; {FREE_WORDS[source]} {size_text(after)} after"})
+
     def finish(self, status: str, outcome: str) -> None:
         """The record step: the final row, written only while this run still owns it."""
         with self.step("record") as note:
@@ -573,6 +853,8 @@ class _Run:
             info = self.meminfo()
             capacity = self._capacity(self.new_log.as_dict() if self.new_log else {}, {})
             after = self._snapshot(info, capacity)
+            if self.memory_return is not None:
+                after["memory_return"] = self.memory_return
             flags = self._flags_after() if self.change else None
             if flags is not None:
                 note.data["flags"] = flags
@@ -720,6 +1002,38 @@ class _Run:
             return None, "unknown"
         source = min(known, key=lambda name: known[name])
         return known[source], source
+
+    def _budget_if_inside(self) -> Path | None:
+        """The memory budget's cgroup when the node has one and its ledger says this engine runs
+        inside it; None otherwise."""
+        budget = configured_budget()
+        if budget is None:
+            return None
+        shares = (self.node.ledger or {}).get("engines") or []
+        inside = any(share.get("engine_id") == self.engine.pk and share.get("in_budget")
+                     for share in shares)
+        return budget if inside else None
+
+    def _return_room(self) -> tuple[str, int | None, int | None, str]:
+        """``(room, size now, total, why unknown)`` of what the stop should grow: the memory
+        budget's room (its total the limit) when the engine runs in one, else MemAvailable (its
+        total MemTotal)."""
+        budget = self._budget_if_inside()
+        if budget is not None:
+            reading = read_memory_budget(budget)
+            return BUDGET, reading.room, reading.limit, reading.room_note
+        info = self.meminfo()
+        if info is None:
+            return HOST, None, None, "/proc/meminfo could not be read"
+        total = info.get("MemTotal") or self.node.mem_total_bytes
+        return HOST, info.mem_available, total, "no MemAvailable in /proc/meminfo"
+
+    def _room_now(self, source: str) -> int | None:
+        if source == BUDGET:
+            budget = configured_budget()
+            return read_memory_budget(budget).room if budget is not None else None
+        info = self.meminfo()
+        return info.mem_available if info else None
 
     def _requests_in_flight(self, url: str) -> tuple[int | None, str]:
         """Running + waiting requests, read through the engine's kind; ``(None, why)`` when it

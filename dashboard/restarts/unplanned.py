@@ -5,14 +5,43 @@ they become ``unplanned`` rows of the restart ledger, unless a planned restart o
 explains them. An exit followed by a restart a little later is one unplanned restart, not two.
 Once the engine is ready again, the measured startup time is filled in, so unplanned restarts
 teach the learned startup time too.
+
+**Memory not returned.** An engine that stopped behind SparkOps' back should have handed back
+what it held (:func:`judge_memory_returns`): ``SPARKOPS_MEMORY_RETURN_GRACE_SECONDS`` after
+its stop was seen, the highest MemAvailable stored since is compared with the last one stored
+while it served (from its first scrape, once its start-up had allocated, to its last reading
+running) plus what it held (:func:`dashboard.restarts.fit.returned_by_stop`), and so is the
+memory budget's room where one is watched. Whether the engine ran inside the budget is
+no longer known once it stopped (its processes are gone), so memory counts as missing only
+when every room says so (:func:`dashboard.restarts.fit.not_returned`), and what is missing is
+the smaller figure. An engine started again within the grace period holds memory anew: its
+stop is left unknown. The verdict is kept on the unplanned restart (``after["memory_return"]``,
+the shape the runbook keeps for a planned stop), where the alert of the same name reads it;
+memory that did not come back is also a ``memory-not-returned`` event on the timeline, naming
+the engine and the missing amount.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
-from collectors.models import Event, Node
+from django.conf import settings
+
+from collectors.ledger import engine_share
+from collectors.models import Engine, EngineMetric, EngineSample, Event, Metric, Node, Sample
+from dashboard.restarts.fit import (
+    BUDGET,
+    HOST,
+    ROOM_WORDS,
+    MemoryReturn,
+    engines_held,
+    not_returned,
+    return_tolerance,
+    returned_by_stop,
+)
 from dashboard.restarts.models import Restart
+from sparkops.units import size_text
 
 WATCHED_EVENTS = ("engine-restarted", "engine-exited", "engine-gone")
 # How far back events are examined on each pass (the pass runs after every collection).
@@ -21,6 +50,14 @@ LOOKBACK = timedelta(hours=1)
 MERGE_WITHIN = timedelta(minutes=15)
 # Slack around a planned restart's run within which its own stop/start events are expected.
 PLANNED_SLACK = timedelta(seconds=60)
+# The events after which an engine's memory should be back (a restart event means it runs
+# again, holding memory anew: not judged).
+STOP_EVENTS = ("engine-exited", "engine-gone")
+START_EVENTS = ("engine-restarted", "engine-discovered")
+MEMORY_NOT_RETURNED = "memory-not-returned"
+# The stored room figures of each room: (the room, its total for the tolerance).
+_ROOM_METRICS = {HOST: (Metric.MEM_AVAILABLE, None),
+                 BUDGET: (Metric.MEMORY_BUDGET_ROOM, Metric.MEMORY_BUDGET_LIMIT)}
 
 
 def record_unplanned_restarts(node: Node, now: datetime) -> list[Restart]:
@@ -38,6 +75,7 @@ def record_unplanned_restarts(node: Node, now: datetime) -> list[Restart]:
             continue
         written.append(_record(event))
     _fill_startup_times(node)
+    judge_memory_returns(node, now)
     return written
 
 
@@ -87,3 +125,123 @@ def _fill_startup_times(node: Node) -> None:
         restart.startup_seconds = (ready.at - engine.started_at).total_seconds()
         restart.finished_at = ready.at
         restart.save(update_fields=["startup_seconds", "finished_at"])
+
+
+def judge_memory_returns(node: Node, now: datetime) -> list[Event]:
+    """Judge, once each, whether the unplanned stops of ``node`` recorded lately handed back
+    what the engine held, once the grace period after the stop has passed; the
+    ``memory-not-returned`` events written. Cost: a few queries per unjudged stop."""
+    grace = timedelta(seconds=settings.SPARKOPS_MEMORY_RETURN_GRACE_SECONDS)
+    restarts = Restart.objects.filter(node=node, kind=Restart.Kind.UNPLANNED,
+                                      requested_at__gte=now - LOOKBACK - MERGE_WITHIN) \
+        .select_related("engine")
+    written = []
+    for restart in restarts:
+        if "memory_return" in (restart.after or {}):
+            continue
+        event_ids = (restart.container_state or {}).get("event_ids", [])
+        stop = Event.objects.filter(pk__in=event_ids, kind__in=STOP_EVENTS).order_by("at").first()
+        if stop is None or now < stop.at + grace:
+            continue
+        judgement = judge_stop(node, restart.engine, stop, now)
+        restart.after = {**(restart.after or {}), "memory_return": judgement}
+        restart.save(update_fields=["after"])
+        if judgement["verdict"] == "not returned":
+            written.append(Event.objects.create(
+                node=node, engine=restart.engine, at=now, kind=MEMORY_NOT_RETURNED,
+                severity=Event.Severity.WARNING, message=judgement["text"]))
+    return written
+
+
+def judge_stop(node: Node, engine: Engine, stop: Event, now: datetime) -> dict[str, Any]:
+    """The verdict on one stop seen by the collectors (``stop``), read from what they stored:
+    ``verdict`` ("returned", "not returned" or "unknown", with ``why``), the rooms' accounts
+    (:class:`~dashboard.restarts.fit.MemoryReturn` as dicts, the one that says least is missing
+    first), what each engine held at the judgement (``engines_held``) and ``text``."""
+    base: dict[str, Any] = {"stopped_at": stop.at.isoformat(), "judged_at": now.isoformat(),
+                            "waited_seconds": round((now - stop.at).total_seconds(), 1),
+                            "grace_seconds": settings.SPARKOPS_MEMORY_RETURN_GRACE_SECONDS,
+                            "accounts": [], "text": ""}
+    grace = timedelta(seconds=settings.SPARKOPS_MEMORY_RETURN_GRACE_SECONDS)
+    again = Event.objects.filter(engine=engine, kind__in=START_EVENTS, at__gt=stop.at,
+                                 at__lte=now).order_by("at").values_list("at", flat=True).first()
+    if again is not None and again < stop.at + grace:
+        return {**base, "verdict": "unknown",
+                "why": f"{engine.name} started again within the grace period: its new start "
+                       "holds memory anew"}
+    # Room figures from before its next start only (a collection's reading may already hold
+    # what the new start allocated before the collectors saw it).
+    until = now if again is None else again - timedelta(seconds=settings.SPARKOPS_COLLECT_INTERVAL)
+    ran_at = EngineSample.objects.filter(
+        engine=engine, metric__in=[EngineMetric.CONTAINER_MEMORY, EngineMetric.GPU_MEMORY],
+        at__lt=stop.at, value__isnull=False).order_by("-at").values_list("at", flat=True).first()
+    if ran_at is None:
+        return {**base, "verdict": "unknown",
+                "why": f"{engine.name} was never read running before it stopped"}
+    # The room before the stop is read only once the engine served (answered a scrape, which
+    # it does after its start-up allocated its memory): a figure from while it still loaded
+    # would not yet be short of what it held.
+    served = EngineSample.objects.filter(engine=engine, at__lte=ran_at).exclude(
+        metric__in=[EngineMetric.CONTAINER_MEMORY, EngineMetric.GPU_MEMORY])
+    if engine.started_at is not None:
+        served = served.filter(at__gte=engine.started_at)
+    served_at = served.order_by("at").values_list("at", flat=True).first()
+    if served_at is None:
+        return {**base, "verdict": "unknown",
+                "why": f"{engine.name} stopped before it was read serving"}
+    gpu_seen = EngineSample.objects.filter(engine=engine, metric=EngineMetric.GPU_MEMORY,
+                                           at__lte=ran_at, value__isnull=False) \
+        .order_by("-at").values_list("value", flat=True).first()
+    held, parts = returned_by_stop(engine_share(engine),
+                                   gpu_seen=int(gpu_seen) if gpu_seen is not None else None)
+    base["held_parts"] = parts
+    if held is None:
+        return {**base, "verdict": "unknown",
+                "why": f"what {engine.name} held is not known: it reported neither its weights "
+                       "and KV pool nor loaded models, and NVML saw nothing of its processes"}
+    if held == 0:
+        return {**base, "verdict": "unknown",
+                "why": f"{engine.name} reports holding nothing now that it stopped (what it "
+                       "held while it ran is not kept)"}
+    accounts = [account for source in (HOST, BUDGET)
+                if (account := _account(node, source, held, (served_at, ran_at), until))
+                is not None]
+    base["engines_held"] = engines_held(Engine.objects.filter(node=node, present=True))
+    missing = not_returned(accounts)
+    ordered = sorted(accounts, key=lambda account: account is not missing)
+    base["accounts"] = [account.as_dict() for account in ordered]
+    if not any(account.returned is not None for account in accounts):
+        return {**base, "verdict": "unknown",
+                "why": "no room figure was stored both while it ran and since it stopped"}
+    if missing is None:
+        return {**base, "verdict": "returned", "why": ""}
+    words = ROOM_WORDS[missing.source]
+    text = (f"{engine.name}: memory not returned: {size_text(missing.missing)} of what it held "
+            f"({size_text(held)}) is still missing {base['waited_seconds']:.0f} s after it "
+            f"stopped ({words} {size_text(missing.best)}, expected "
+            f"{size_text(missing.expected)} ± {size_text(missing.tolerance)}).")
+    return {**base, **missing.as_dict(), "verdict": "not returned", "why": "", "text": text}
+
+
+def _account(node: Node, source: str, held: int, serving: tuple[datetime, datetime],
+             until: datetime) -> MemoryReturn | None:
+    """One room's account of the stop from the stored samples: the last figure while the
+    engine served (``serving``: from its first scrape to its last reading running), and the
+    highest after that up to ``until``; None when that room has no figure from then."""
+    metric, total_metric = _ROOM_METRICS[source]
+    served_at, ran_at = serving
+    stored = Sample.objects.filter(node=node, metric=metric, value__isnull=False)
+    before = stored.filter(at__gte=served_at, at__lte=ran_at).order_by("-at") \
+        .values_list("value", flat=True).first()
+    if before is None:
+        return None
+    total = node.mem_total_bytes
+    if total_metric is not None:
+        total = Sample.objects.filter(node=node, metric=total_metric, at__lte=ran_at,
+                                      value__isnull=False).order_by("-at") \
+            .values_list("value", flat=True).first()
+    since = [int(value) for value in stored.filter(at__gt=ran_at, at__lte=until)
+             .values_list("value", flat=True)]
+    account = MemoryReturn(source, int(before), held,
+                           return_tolerance(held, int(total) if total is not None else None))
+    return account.reading(max(since)) if since else account

@@ -67,7 +67,7 @@ def test_the_registry_holds_every_rule_once_in_documentation_order():
     assert list(RULES) == ["prefill-squeeze", "predicted-squeeze", "headroom-floor",
                            "fragmentation", "queue-backlog", "prefill-stall", "engine-down",
                            "overcommit", "unplanned-restart", "restart-failed",
-                           "unexpected-reboot"]
+                           "unexpected-reboot", "memory-not-returned"]
     assert all(rule.name == name for name, rule in RULES.items())
     assert rule_defaults("unplanned-restart") is RULES["unplanned-restart"]
     assert (RULES["unplanned-restart"].repeat_seconds, RULES["restart-failed"].repeat_seconds) \

@@ -13,6 +13,7 @@ from dashboard.alerting.rules import (
     engine_down,
     fragmentation,
     headroom_floor,
+    memory_not_returned,
     overcommit,
     predicted_squeeze,
     prefill_squeeze,
@@ -38,6 +39,7 @@ RULES: dict[str, Rule] = {
         unplanned_restart.RULE,
         restart_failed.RULE,
         unexpected_reboot.RULE,
+        memory_not_returned.RULE,
     )
 }
 
