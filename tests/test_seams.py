@@ -62,8 +62,9 @@ def test_a_finished_collection_queues_the_nodes_evaluation_centrally(monkeypatch
 
 @pytest.mark.django_db
 def test_the_collection_task_announces_each_collection_and_survives_a_failing_listener(
-        monkeypatch, settings, caplog):
+        monkeypatch, settings, caplog, tmp_path):
     settings.SPARKOPS_NODE_NAME = "spark-a"
+    settings.DATA_DIR = tmp_path  # the flight recorder writes there, not into the checkout
     stored = SimpleNamespace(id=42, ok=False, error="meminfo unreadable",
                              at=datetime(2026, 11, 1, tzinfo=UTC))
     monkeypatch.setattr(collector_tasks, "collect_into", lambda *a, **k: (stored, None))
