@@ -3,9 +3,10 @@ the host from inside it.
 
 The slow test does what an admin does, for real, without a registry: a Debian bookworm root
 made by debootstrap (python3, python3-venv and HAProxy) is imported as the local base image,
-``podman-compose build`` builds the repository's Dockerfile on it, and ``podman-compose up``
-starts the shipped compose.yaml (with tests/fixtures/compose.test.yaml dropping only the GPU
-reservation, using that base for the proxy's HAProxy, and lowering ulimits). SparkOps then runs
+``podman-compose build`` builds the repository's Dockerfile on it (every step, on every run, in
+a fresh private Podman), and ``podman-compose up`` starts the shipped compose.yaml (with
+tests/fixtures/compose.test.yaml dropping only the GPU reservation, using that base for the
+proxy's HAProxy, and lowering ulimits). SparkOps then runs
 as uid 10001 without capabilities, reads the host's memory through the host's /proc (its
 MemTotal is this machine's), and finds an emulated engine container on the test's Podman
 through the Docker API proxy service: the engine's processes in the host's PID namespace, its
@@ -15,11 +16,22 @@ The image's storage is a :class:`collectors.podman.PrivatePodman` of its own, de
 end with everything in it (containers, images, volumes), pass or fail; the engine runs on the
 session's Podman (tests/containers.py), whose API socket the proxy service is given as the
 container engine's socket.
+
+What is kept between runs is debootstrap's output alone, the base the Dockerfile starts FROM: a
+tar in ``$SPARKOPS_TEST_CACHE`` (by default ``/var/cache/sparkops-tests``), outside the checkout,
+named by the release and a hash of everything debootstrap is given (``_base_cache_path``). It is
+written under a temporary name and renamed into place, with its sha256 beside it, and used only
+while that sha256 matches and it is younger than ``BASE_MAX_AGE_DAYS`` (so it follows Debian's
+point releases); otherwise it is made again. That is safe because the base holds nothing of
+SparkOps: the Dockerfile asks only for a bookworm root with python3 and python3-venv, and what
+the test proves, that the Dockerfile builds and the image runs as compose.yaml says, is built
+from the Dockerfile on every run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -52,8 +64,13 @@ DOCKERFILE = PROJECT / "Dockerfile"
 PROXY_CONFIG = PROJECT / "deploy" / "docker-proxy" / "haproxy.cfg"
 BASE_IMAGE = "localhost/sparkops-test-base"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
+BASE_RELEASE = "bookworm"
 # The base's packages: what the Dockerfile needs of a Debian base, and HAProxy for the proxy.
 BASE_PACKAGES = "python3,python3-venv,haproxy"
+DEBOOTSTRAP = ["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", BASE_RELEASE]
+# Where the base is kept between runs (outside the checkout), and for how long at most.
+TEST_CACHE = Path(os.environ.get("SPARKOPS_TEST_CACHE", "/var/cache/sparkops-tests"))
+BASE_MAX_AGE_DAYS = 30
 # The trust store pip inside the build uses to reach the package index: this machine's own.
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 SPARKOPS_UID = 10001
@@ -214,32 +231,102 @@ def _unmount_below(folder: Path) -> list[str]:
     return _mounts_below(folder)
 
 
+def _base_cache_path() -> Path:
+    """The cached base's tar: the release and a hash of what debootstrap is given (its
+    arguments, the mirror and this machine's architecture) in the name."""
+    architecture = subprocess.run(["dpkg", "--print-architecture"], capture_output=True,
+                                  text=True, timeout=30).stdout.strip() or os.uname().machine
+    made_by = json.dumps([*DEBOOTSTRAP, DEBIAN_MIRROR, architecture])
+    return TEST_CACHE / (f"debootstrap-{BASE_RELEASE}-"
+                         f"{hashlib.sha256(made_by.encode()).hexdigest()[:16]}.tar")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _usable(tar: Path) -> bool:
+    """Whether the cached base is there, young enough and exactly the file written."""
+    checksum = tar.with_name(tar.name + ".sha256")
+    try:
+        young = time.time() - tar.stat().st_mtime < BASE_MAX_AGE_DAYS * 86400
+        recorded = checksum.read_text().strip()
+    except FileNotFoundError:
+        return False
+    return young and recorded == _sha256(tar)
+
+
+def _write_atomically(target: Path, write) -> None:
+    """``write(file)`` into a temporary file beside ``target``, synced, then renamed over it:
+    a reader finds the old file, the new one or none, never a part."""
+    temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with temporary.open("wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        temporary.chmod(0o600)
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _make_base(tar: Path, work: Path) -> None:
+    """debootstrap a root under ``work``, kept as ``tar`` (with its sha256) in the cache; older
+    bases of other names are removed from it."""
+    root = work / "root"
+    made = subprocess.run([*DEBOOTSTRAP, str(root), DEBIAN_MIRROR], capture_output=True,
+                          text=True, timeout=900)
+    if made.returncode != 0:
+        pytest.fail(f"debootstrap could not make the base: {made.stdout[-1500:]}"
+                    f"{made.stderr[-1500:]}")
+    if _unmount_below(root):
+        pytest.fail(f"debootstrap left mounts below {root}: {_mounts_below(root)}")
+    digest = hashlib.sha256()
+
+    def archive(file) -> None:
+        with subprocess.Popen(["tar", "-C", str(root), "-c", "."],
+                              stdout=subprocess.PIPE) as packing:
+            while chunk := packing.stdout.read(1 << 20):
+                digest.update(chunk)
+                file.write(chunk)
+        if packing.returncode != 0:
+            pytest.fail(f"tar of the debootstrap root failed ({packing.returncode})")
+
+    TEST_CACHE.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # The tar, then its checksum: a reader in between finds the two disagreeing and makes a
+    # base of its own.
+    _write_atomically(tar, archive)
+    _write_atomically(tar.with_name(tar.name + ".sha256"),
+                      lambda file: file.write(f"{digest.hexdigest()}\n".encode()))
+    shutil.rmtree(root, ignore_errors=True)
+    for old in TEST_CACHE.glob(f"debootstrap-{BASE_RELEASE}-*.tar*"):
+        if old.name not in (tar.name, tar.name + ".sha256"):
+            old.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session")
 def image_podman() -> Iterator[PrivatePodman]:
-    """A private Podman holding the local base image (Debian bookworm by debootstrap, once per
-    session); destroyed with every image, container and volume in it at the end."""
+    """A private Podman holding the local base image (Debian bookworm by debootstrap, taken
+    from the cache when it is usable there, made and cached otherwise); destroyed with every
+    image, container and volume in it at the end."""
     for tool in ("podman", "debootstrap"):
         if not shutil.which(tool):
             pytest.fail(f"{tool} is not installed (Debian package {tool})")
     work = Path(tempfile.mkdtemp(prefix="sparkops-image-"))
     private = PrivatePodman(work / "podman")
-    root = work / "root"
     try:
-        made = subprocess.run(
-            ["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", "bookworm",
-             str(root), DEBIAN_MIRROR], capture_output=True, text=True, timeout=900)
-        if made.returncode != 0:
-            pytest.fail(f"debootstrap could not make the base: {made.stdout[-1500:]}"
-                        f"{made.stderr[-1500:]}")
-        with subprocess.Popen(["tar", "-C", str(root), "-c", "."],
-                              stdout=subprocess.PIPE) as tar:
-            imported = subprocess.run([*private.argv, "import", "-", BASE_IMAGE],
-                                      stdin=tar.stdout, capture_output=True, text=True,
-                                      timeout=300)
+        tar = _base_cache_path()
+        if not _usable(tar):
+            _make_base(tar, work)
+        imported = subprocess.run([*private.argv, "import", str(tar), BASE_IMAGE],
+                                  capture_output=True, text=True, timeout=300)
         if imported.returncode != 0:
             pytest.fail(f"podman import of the base failed: {imported.stderr.strip()}")
-        if not _unmount_below(root):
-            shutil.rmtree(root, ignore_errors=True)  # imported: its 280 MB are not needed
         yield private
     finally:
         problems = []
@@ -313,7 +400,9 @@ def compose(image_podman: PrivatePodman, docker_host: str, tmp_path: Path
         yield project, {"port": str(port), "node": node}
     finally:
         with contextlib.suppress(AssertionError, subprocess.TimeoutExpired):
-            project("down", "--volumes", "--timeout", "10", timeout=180)
+            # Nothing is checked after this: the containers need no grace to stop (the test
+            # base's HAProxy outwaits any, and would hold this up for the whole of it).
+            project("down", "--volumes", "--timeout", "1", timeout=180)
         image = _compose()["services"]["sparkops"]["image"]
         with contextlib.suppress(PodmanError):
             image_podman("rm", "--force", "--all", "--time", "0", timeout=120)

@@ -231,3 +231,26 @@ def test_the_engine_page_shows_each_start_predicted_and_measured(seed, admin_cli
     assert "Starts: predicted and measured" in page
     row = page.split('data-figure="kv_pool"')[1].split("</tr>")[0]
     assert "24.00 GiB" in row and "23.50 GiB" in row and "-2.1%" in row
+
+
+def test_one_condition_per_scope_when_a_settled_start_is_a_neighbour_of_another(seed):
+    node, gemma, nemotron = seed
+    observe_starts(node, [gemma, nemotron], T0 - timedelta(hours=1))
+    _recreate(nemotron, "24G", T0)
+    _collect(node, 30 + 71.5 - 5, T0)
+    _ready(nemotron, 24.0)
+    _collect(node, 14.0, T0 + timedelta(minutes=9))  # nemotron's start settles
+    gemma.container_id, gemma.started_at, gemma.phase = "g2" * 32, T0 + timedelta(minutes=10), \
+        "loading"
+    gemma.startup = {"phase": "loading", "version": "0.33.0"}
+    gemma.save()
+    engines = _collect(node, 14.0, T0 + timedelta(minutes=10))
+
+    conditions = predicted_squeeze.evaluate(node, node.ledger, engines, THRESHOLDS,
+                                            T0 + timedelta(minutes=10))
+
+    scopes = [condition.scope for condition in conditions]
+    assert len(scopes) == len(set(scopes)), scopes
+    by_engine = {condition.engine_id: condition for condition in conditions}
+    assert by_engine[nemotron.pk].settled is None  # judged against gemma's start, not settled
+    assert by_engine[gemma.pk].details["at_risk"] == "host floor"

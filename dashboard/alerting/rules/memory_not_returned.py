@@ -63,8 +63,9 @@ def _condition(node: Node, ledger: dict, restart: Restart, verdict: dict[str, An
     held_then = verdict.get("engines_held") or {}
     rebooted = Event.objects.filter(node=node, kind__in=[HOST_REBOOTED, UNEXPECTED_REBOOT],
                                     at__gt=stopped_at).order_by("at").first()
-    # Each room's figure now, and what is missing by it; the room that says least is missing
-    # decides (as when the stop was judged).
+    # Each room's figure now, and what is missing by it; the room that says least is missing,
+    # measured against its own tolerance, decides (as when the stop was judged): the host's
+    # MemAvailable, which other programs move, cannot hold open what the budget shows back.
     rooms = []
     for data in verdict["accounts"]:
         account = MemoryReturn.from_dict(data)
@@ -73,7 +74,7 @@ def _condition(node: Node, ledger: dict, restart: Restart, verdict: dict[str, An
                                                     held_now=held_now)
         rooms.append((account, room_now, missing))
     known = [room for room in rooms if room[2] is not None]
-    account, room_now, missing = min(known, key=lambda room: room[2] - room[0].tolerance) \
+    account, room_now, missing = min(known, key=lambda room: room[2] / max(room[0].tolerance, 1)) \
         if known else rooms[0]
     threshold = gib(account.tolerance)
     when = moment_text(stopped_at, UTC)

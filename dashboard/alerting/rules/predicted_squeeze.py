@@ -86,7 +86,7 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
     threats = _threats(node, ledger, shares, by_id)
     starting = {threat.engine.pk for threat in threats}
     settled = _latest_settled(node, now)
-    conditions = []
+    conditions: list[Condition] = []
     for share in ledger.get("engines", []):
         engine = by_id.get(share["engine_id"])
         if engine is None or engine.phase != "ready" or engine.pk in starting \
@@ -101,7 +101,10 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
             conditions.append(_settled_condition(node, engine.pk, settled, t))
     for threat in threats:
         conditions.append(_floor_condition(node, threat, floor, t))
-    if settled is not None and settled.engine_id not in starting:
+    # The settled start's own scope (its floor alert), unless this round already judged that
+    # engine: as a neighbour of another start, or as one starting again.
+    judged = {condition.engine_id for condition in conditions}
+    if settled is not None and settled.engine_id not in judged:
         conditions.append(_settled_condition(node, settled.engine_id, settled, t))
     return conditions
 
