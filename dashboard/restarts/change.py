@@ -46,7 +46,7 @@ from collectors.redaction import MASK, mask_command
 from collectors.vllm.flags import FlagError, parse_command_line
 from sparkops.units import fixed_gib_text
 
-__all__ = ["MODES", "NOTE", "RECREATE", "FlagChange", "FlagDifference", "LedgerRow",
+__all__ = ["MODES", "NOTE", "RECREATE", "FlagChange", "FlagDifference",
            "PlannedLedger", "command_words", "current_prefill_margin", "flag_differences",
            "has_masked_secret", "ledger_summary", "planned_ledger", "planned_row",
            "refusal_at_planning", "refusal_at_precheck", "runs_intended", "shown_command",
@@ -242,23 +242,6 @@ def _pair_back(data: list[dict[str, Any]]) -> tuple[Figure, Figure]:
 
 
 @dataclass(frozen=True)
-class LedgerRow:
-    """One engine of a stored after-ledger, with the planner's row attributes."""
-
-    name: str
-    planned: bool
-    weights: tuple[Figure, Figure]
-    kv_pool: tuple[Figure, Figure]
-    cuda_graphs: tuple[Figure, Figure]
-    prefill_need: tuple[Figure, Figure]
-    fits: tuple[bool | None, bool | None]
-    kv_tokens: tuple[Figure, Figure]
-    concurrency: tuple[Figure, Figure]
-    verdict: str
-    verdict_text: str
-
-
-@dataclass(frozen=True)
 class PlannedLedger:
     """A stored after-ledger, as the pages show it."""
 
@@ -269,7 +252,7 @@ class PlannedLedger:
     margin_bytes: int
     headroom: tuple[Figure, Figure]
     held: tuple[Figure, Figure]
-    rows: list[LedgerRow]
+    rows: list[EngineRow]  # the planner's rows, read back
     largest: str
     unknown_reasons: list[str]
     ledger_at: str | None
@@ -283,7 +266,7 @@ def planned_ledger(summary: dict[str, Any] | None) -> PlannedLedger | None:
     """The figures of a :func:`ledger_summary` back (None when there is none)."""
     if not summary or "rows" not in summary:
         return None
-    rows = [LedgerRow(
+    rows = [EngineRow(
         name=row["name"], planned=row["planned"], weights=_pair_back(row["weights"]),
         kv_pool=_pair_back(row["kv_pool"]), cuda_graphs=_pair_back(row["cuda_graphs"]),
         prefill_need=_pair_back(row["prefill_need"]), fits=tuple(row["fits"]),
