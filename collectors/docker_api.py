@@ -32,6 +32,7 @@ from pathlib import Path
 import docker
 import docker.errors
 import requests.exceptions
+import urllib3.exceptions
 from django.conf import settings
 
 from collectors.kinds.discovery import kind_of
@@ -771,7 +772,7 @@ def read_logs(engine: docker.DockerClient, container_id: str, *,
         finally:
             response.close()
     except (docker.errors.DockerException, requests.exceptions.RequestException, OSError,
-            ValueError) as error:
+            urllib3.exceptions.HTTPError, ValueError) as error:
         raise ContainerEngineError(f"cannot read logs of {container_id[:12]}: {error}") from None
 
 
@@ -800,6 +801,10 @@ def _read_exactly(raw, size: int) -> bytes:
     return data
 
 
+# What _log_entries yields when the stream stopped sending between two entries.
+STALLED = object()
+
+
 def _log_entries(raw, tty: bool):
     """The log's entries, each as a list-like stream of byte chunks: ``None`` starts an entry,
     then its chunks follow. Frames of the multiplexed stream are entries; with a terminal, lines
@@ -808,7 +813,13 @@ def _log_entries(raw, tty: bool):
         yield from _tty_entries(raw)
         return
     while True:
-        header = _read_exactly(raw, _FRAME_HEADER_BYTES)
+        try:
+            header = _read_exactly(raw, _FRAME_HEADER_BYTES)
+        except (urllib3.exceptions.ReadTimeoutError, TimeoutError):
+            # Between two entries, a stream that stops sending (seen with Podman 4.3 behind the
+            # proxy) ends this read as capped: the next read goes on from its cursor.
+            yield STALLED
+            return
         if len(header) < _FRAME_HEADER_BYTES:
             return
         left = int.from_bytes(header[4:8], "big")
@@ -858,6 +869,9 @@ class _LogReader:
         skipping = False
         head: bytes | None = b""
         for chunk in entries:
+            if chunk is STALLED:
+                capped = True
+                break
             if chunk is None:
                 if head:  # the last entry was shorter than a stamp: take it as it is
                     self._take(head)
