@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -53,7 +52,7 @@ import re
 import selectors
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -63,6 +62,7 @@ from django.db.models import Max
 
 from collectors.models import Engine, EngineStart, Event, Node
 from collectors.procfs import container_id_for_pid, container_id_in_cgroup_path
+from sparkops.filelock import only_run
 from sparkops.timetext import moment_text
 
 log = logging.getLogger(__name__)
@@ -896,22 +896,6 @@ def save_state(path: Path, state: ReaderState) -> None:
     os.replace(temporary, path)
 
 
-@contextlib.contextmanager
-def _exclusive(path: Path) -> Iterator[bool]:
-    """Hold the lock beside ``path``; yields False when another run holds it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(f"{path.name}.lock"), "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 # --- one run: read what is new, store it as events ---------------------------------------------
 
 
@@ -965,7 +949,7 @@ def collect_kernel_log(node: Node, path: Path, *, proc_root: Path = Path("/proc"
     Cost: one read per record (a fresh reader also skips those read before), one or two
     queries per recognised line, one small file written.
     """
-    with _exclusive(path) as held:
+    with only_run(path.with_name(f"{path.name}.lock")) as held:
         if not held:
             return KernelLogRun("busy", note="another run is reading the kernel log")
         state = load_state(path)

@@ -11,11 +11,8 @@ hosts at once is safe: rows and channels are claimed one by one (see ``outbox``)
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -24,6 +21,7 @@ from django.conf import settings
 
 from dashboard.notify.outbox import DeliveryReport, deliver_due, worker_name
 from sparkops.celery import DELIVER_NOTIFICATIONS
+from sparkops.filelock import only_run
 
 log = logging.getLogger(__name__)
 
@@ -35,34 +33,13 @@ TIME_BUDGET = 60.0
 LOCK_NAME = "notify-delivery.lock"
 
 
-@contextmanager
-def _only_run() -> Iterator[bool]:
-    """True while this is the only delivery run of this data directory, else False at once.
-
-    ``flock`` on a file of the data directory: two opens of one file conflict even within one
-    process, so the lock bounds threads and processes alike, and the kernel drops it when a
-    worker dies. The file is created with the process's umask (nothing is written to it).
-    """
-    path = Path(settings.DATA_DIR) / LOCK_NAME
-    with path.open("a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 @shared_task(name=DELIVER_NOTIFICATIONS, ignore_result=True)
 def deliver_notifications() -> dict[str, int]:
     """Deliver due notifications in batches until none is left or a bound is reached.
 
     Returns counts; ``busy`` is 1 when another run held the lock and this one did nothing.
     """
-    with _only_run() as alone:
+    with only_run(Path(settings.DATA_DIR) / LOCK_NAME) as alone:
         if not alone:
             return {"delivered": 0, "retrying": 0, "failed": 0, "lost_claims": 0, "busy": 1}
         total = _deliver_batches()
