@@ -423,6 +423,12 @@ echo "list: $(status sparkops GET /containers/json)"
 echo "create: $(status sparkops POST /containers/create)"
 echo "others: $(status nobody GET /version)"
 systemctl reload sparkops-docker-proxy
+# The reload returns once the signal is sent; HAProxy's master then says RELOADING=1 and READY=1
+# when its new worker serves (sd_notify), and the unit is "reloading" in between.
+for _ in $(seq 100); do
+  [ "$(systemctl is-active sparkops-docker-proxy)" = reloading ] || break
+  sleep 0.1
+done
 echo "after reload: $(systemctl is-active sparkops-docker-proxy)"
 """
 
