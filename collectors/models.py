@@ -34,6 +34,18 @@ class Node(models.Model):
     # amount at its last recorded change (what the next change is measured against).
     ledger = models.JSONField(default=dict, blank=True)
     ledger_baseline = models.JSONField(default=dict, blank=True)
+    # The node's own worker (``bin/sparkops agent``, or the one-node stack's worker): when it
+    # last registered the node, and its heartbeat (collectors.heartbeat). ``heartbeat_at`` is the
+    # database's clock, the centre's, at the last beat; ``clock_skew_seconds`` the node's clock
+    # less the centre's then (positive: the node runs ahead). A node no worker ever registered
+    # has neither and is judged by its collections alone.
+    agent_started_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    clock_skew_seconds = models.FloatField(null=True, blank=True)
+    # What the node's worker read of the node when it registered (collectors.registration):
+    # {"read_at": ISO time, "items": {key: {"value": text or None, "source": where read,
+    #  "unknown": why not, when value is None}}, "interconnect": [port, ...]}.
+    facts = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["name"]
@@ -203,6 +215,12 @@ class Engine(models.Model):
     present = models.BooleanField(default=True)
     first_seen = models.DateTimeField(default=timezone.now)
     last_seen = models.DateTimeField(default=timezone.now)
+    # An engine that spans nodes (tensor/pipeline/data parallel over Ray, vLLM's own executor or
+    # SGLang's): every rank is an Engine row on its own node, and the rows of one engine share
+    # ``span_key`` (empty for an engine on one node). ``span`` says which rank this row is and
+    # what the key was read from (collectors.spanning).
+    span_key = models.CharField(max_length=255, blank=True, db_index=True)
+    span = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["node", "name"]

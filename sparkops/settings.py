@@ -280,6 +280,13 @@ SPARKOPS_COLLECT_INTERVAL = env_float("SPARKOPS_COLLECT_INTERVAL", 5.0, minimum=
 # How often MemAvailable is read inside an interval; 0.1 s catches any dip of 0.5 s or longer.
 SPARKOPS_DIP_PERIOD = env_float("SPARKOPS_DIP_PERIOD", 0.1, minimum=0.01)
 SPARKOPS_PROCFS = env_str("SPARKOPS_PROCFS", "/proc")
+# Where the node's /sys is read (interconnect ports, collectors.sysfs); tests point it at a tree.
+SPARKOPS_SYSFS = env_str("SPARKOPS_SYSFS", "/sys")
+# Seconds between two heartbeats of a node's worker (collectors.heartbeat). A node whose last
+# beat is older than SPARKOPS_UNREACHABLE_AFTER_BEATS of them is unreachable (the
+# node-unreachable alert), and its engines' own alerts wait for it to come back.
+SPARKOPS_HEARTBEAT_SECONDS = env_float("SPARKOPS_HEARTBEAT_SECONDS", 10.0, minimum=0.5)
+SPARKOPS_UNREACHABLE_AFTER_BEATS = env_float("SPARKOPS_UNREACHABLE_AFTER_BEATS", 3.0, minimum=2)
 # The memory cgroup the node's engines are confined to (a systemd slice with MemoryMax=, a
 # container cgroup parent), if any: cgroup v2 or a v1 memory controller's directory. Its room
 # (limit less its working set) is read with MemAvailable, and the headroom is the smaller of
