@@ -32,6 +32,12 @@ class Profile:
     chart_requests: int
     chart_min_requests: int
     chart_budget_s: float  # per endpoint: stop after this long once chart_min_requests are done
+    # --- 6. fleet ---
+    fleet_nodes: int  # node processes writing into the centre's PostgreSQL
+    fleet_engines: int  # engines per node
+    fleet_warmup_s: float  # after every node collects, before the window
+    fleet_minutes: float  # the measuring window
+    fleet_sample_every_s: float  # readings of the processes and the database
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -55,6 +61,11 @@ FULL = Profile(
     chart_requests=20,
     chart_min_requests=5,
     chart_budget_s=15,
+    fleet_nodes=16,
+    fleet_engines=4,
+    fleet_warmup_s=60,
+    fleet_minutes=5,
+    fleet_sample_every_s=30,
 )
 
 QUICK = Profile(
@@ -75,6 +86,11 @@ QUICK = Profile(
     chart_requests=20,
     chart_min_requests=5,
     chart_budget_s=10,
+    fleet_nodes=16,
+    fleet_engines=4,
+    fleet_warmup_s=30,
+    fleet_minutes=1,
+    fleet_sample_every_s=10,
 )
 
 SMOKE = Profile(
@@ -95,6 +111,11 @@ SMOKE = Profile(
     chart_requests=1,
     chart_min_requests=1,
     chart_budget_s=5,
+    fleet_nodes=2,
+    fleet_engines=2,
+    fleet_warmup_s=5,
+    fleet_minutes=0.3,
+    fleet_sample_every_s=6,
 )
 
 PROFILES = {profile.name: profile for profile in (FULL, QUICK, SMOKE)}

@@ -18,6 +18,8 @@ CYCLE_TARGET_MS = 20
 WALL_BUDGET_S = 2.5  # "well within" the 5 s interval: half of it
 LINEAR_EXPONENT = 1.15  # log-log slope accepted as near-linear
 STORAGE_TARGET_MIB = 200
+FLEET_VIEW_TARGET_MS = 300
+CENTRAL_CPU_TARGET = 25  # % of one core
 
 
 def _s(data: dict | None) -> Summary | None:
@@ -130,7 +132,25 @@ def headline(results: dict) -> list[str]:
         lines.append(f"| Storage for 30 days on {_db(backend)} ({how}) | "
                      f"{total:.0f} MiB | — | — | ≤ {STORAGE_TARGET_MIB} MiB | "
                      f"{verdict(total <= STORAGE_TARGET_MIB)} |")
+    fleet, _ = _phase(results, "fleet")
+    if fleet:
+        size = f"{fleet['nodes']} nodes × {fleet['engines_per_node']} engines"
+        p95 = (fleet["latency"]["fleet"] or {}).get("p95")
+        cpu = fleet["stacks"]["centre"]["cpu_percent_window"]
+        lines.append(f"| Fleet view p95 (`{fleet['fleet_path']}`), {size} | {_num(p95, 'ms')} | "
+                     f"— | — | ≤ {FLEET_VIEW_TARGET_MS} ms | {verdict(fleet_view_met(fleet))} |")
+        lines.append(f"| Central CPU, {size} (% of one core) | {cpu:.1f} % | — | — | "
+                     f"≤ {CENTRAL_CPU_TARGET} % | {verdict(cpu <= CENTRAL_CPU_TARGET)} |")
     return lines + [""]
+
+
+def fleet_view_met(fleet: dict) -> bool | None:
+    """p95 within the target, on the fleet view itself (not the fallback page) and with every
+    request answered."""
+    latency = fleet["latency"]["fleet"]
+    if not fleet["fleet_view_exists"] or not latency.get("n"):
+        return None
+    return latency["p95"] <= FLEET_VIEW_TARGET_MS and not latency["errors"]
 
 
 def storage_30d(stored: dict) -> float:
@@ -508,6 +528,155 @@ def storage_section(results: dict) -> list[str]:
     return lines + [""]
 
 
+def _latency(row: dict) -> str:
+    """"45 / 80 / 120 ms (n=60)" — p50 / p95 / worst; errors named."""
+    if not row.get("n"):
+        return f"— (no answer: {'; '.join(row.get('failures') or ['no request'])})"
+    errors = f"; {row['errors']} failed: {'; '.join(row['failures'])}" if row["errors"] else ""
+    return (f"{row['median']:.0f} / {row['p95']:.0f} / {row['max']:.0f} ms "
+            f"(n={row['n']}{errors})")
+
+
+def _cpu(stack: dict, every: float) -> str:
+    spread = _s(stack["cpu_percent"])
+    if spread is None:
+        return f"{stack['cpu_percent_window']:.1f} %"
+    return (f"{stack['cpu_percent_window']:.1f} % (per {every:g} s: {spread.min:.1f}–"
+            f"{spread.max:.1f} %, n={spread.n})")
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def _in_process_row(fleet: dict) -> list[str]:
+    own = fleet.get("fleet_in_process")
+    if not own:
+        return []
+    return [f"| … the view's own time after the window (in-process test client, no HTTP; the "
+            f"nodes still writing): median / worst; database queries | {own['median']:.0f} / "
+            f"{own['max']:.0f} ms (n={own['n']}); {own['queries']} queries | — | |"]
+
+
+def fleet_section(results: dict) -> list[str]:
+    lines = ["## 6. Fleet", ""]
+    fleet, missing = _phase(results, "fleet")
+    if not fleet:
+        return lines + [f"Not measured: {missing}", ""]
+    profile = results["profile"]
+    every = profile["fleet_sample_every_s"]
+    nodes, engines = fleet["nodes"], fleet["engines_per_node"]
+    writers = ("the project's node agent (`bin/sparkops agent`: `manage.py runagent`, its "
+               "supervisor and one Celery worker of the node's queue)"
+               if fleet["writers"] == "agent" else
+               "a stand-in for the node agent (`python -m bench.fleet --as-node`: the project's "
+               "Celery app consuming the node's queue only, 8 threads, and a thread calling "
+               "`collectors.heartbeat.beat` every heartbeat interval)")
+    stacks, database, seen = fleet["stacks"], fleet["database"], fleet["observed"]
+    niceness = (f" at the lowest CPU priority (`nice {fleet['node_niceness']}`: in a fleet its "
+                f"work runs on its own host, so here it takes the time the centre and the "
+                f"database leave)" if fleet.get("node_niceness") else "")
+    window = fleet["window_s"]
+    window_text = f"{window:.0f} s" if window < 120 else f"{window / 60:.1f} min"
+    lines += [
+        f"The centre of a fleet of {nodes} nodes with {engines} engines each, all writing into "
+        f"one PostgreSQL: SparkOps as `bin/sparkops start` runs it (`runstack`: web, the Celery "
+        f"worker with beat in it) on PostgreSQL and a private Redis as broker. Its beat "
+        f"schedules every node's collections on the node's own queue (`SPARKOPS_BEAT_NODES` "
+        f"names the {nodes} nodes; the centre collects no host itself), its worker evaluates "
+        f"each node's alerts after every collection, sweeps the outbox, rolls up and prunes; "
+        f"one signed-in tab stays open on the fleet view (every {fleet['interval_s']:g} s) and "
+        f"asks for a chart every {fleet['chart_every']} polls. Each node is a process of its "
+        f"own on this machine{niceness}, configured as its node (name, data directory, the "
+        f"central database and broker): {writers}. It runs the real collection code: a collection "
+        f"every {fleet['interval_s']:g} s with its host samples, each engine's samples and "
+        f"row, the ledger on the node's row, the flight recorder and the kernel log, and a "
+        f"heartbeat. Its host is a `/proc` of its own (this machine's entries, with a GB10's "
+        f"MemTotal and a MemAvailable per node in `meminfo`); its engines are {engines} "
+        f"emulated vLLM engines in real containers that every node discovers as its own, so "
+        f"the centre receives {nodes} × {engines} engines' rows. Readings of every process and "
+        f"of the database every {every:g} s over {window_text}, after every node "
+        f"collected and {fleet['warmup_s']:g} s more. CPU: CPU time between the first and the "
+        f"last reading over the wall time, as a share of one core.",
+        "",
+    ]
+    if not fleet["fleet_view_exists"]:
+        lines += [f"The fleet view (`/fleet/`) does not exist in this version: the latency is "
+                  f"that of `{fleet['fleet_path']}`, the page a signed-in admin lands on, and "
+                  f"the target is not judged.", ""]
+    centre, pg, redis, workers = (stacks[n] for n in ("centre", "postgresql", "redis", "nodes"))
+    cpu = centre["cpu_percent_window"]
+    lines += [
+        "| Figure | Value | Target | |",
+        "|---|---|---|---|",
+        f"| Fleet view (`{fleet['fleet_path']}`, signed in): p50 / p95 / worst | "
+        f"{_latency(fleet['latency']['fleet'])} | p95 ≤ {FLEET_VIEW_TARGET_MS} ms | "
+        f"{verdict(fleet_view_met(fleet))} |",
+        *_in_process_row(fleet),
+        f"| Chart (`{fleet['chart_path']}`): p50 / p95 / worst | "
+        f"{_latency(fleet['latency']['chart'])} | — | |",
+        f"| Central CPU (web, worker with beat; % of one core) | {_cpu(centre, every)} | "
+        f"≤ {CENTRAL_CPU_TARGET} % | {verdict(cpu <= CENTRAL_CPU_TARGET)} |",
+        f"| Central memory: RSS sum; distinct resident pages | "
+        f"{fmt(centre['rss_mib'], 'MiB', 0)}; {fmt(centre['distinct_mib'], 'MiB', 0)} | — | |",
+        f"| PostgreSQL, all its processes: CPU; RSS sum | {_cpu(pg, every)}; "
+        f"{fmt(pg['rss_mib'], 'MiB', 0)} | — | |",
+        f"| Redis: CPU; RSS | {_cpu(redis, every)}; {fmt(redis['rss_mib'], 'MiB', 0)} | — | |",
+        f"| The {nodes} nodes' processes (on their own hosts in a fleet): CPU; RSS sum | "
+        f"{_cpu(workers, every)}; {fmt(workers['rss_mib'], 'MiB', 0)} | — | |",
+        f"| Database rows written per second: inserted / updated / deleted | "
+        f"{_rate(database['inserted_per_s'])} / {_rate(database['updated_per_s'])} / "
+        f"{_rate(database['deleted_per_s'])} rows/s ({_rate(database['commits_per_s'])} "
+        f"commits/s) | — | |",
+        f"| Database bytes per second: WAL written; tables and indexes grew | "
+        f"{database['wal_bytes_per_s'] / 1024:,.0f} KiB/s; "
+        f"{database['table_bytes_per_s'] / 1024:,.0f} KiB/s "
+        f"({database['table_bytes_per_s'] * 86400 / 2**30:.1f} GiB a day) | — | |",
+        f"| Connections to the database (the readings' own left out) | "
+        f"{fmt(database['connections'], '', 0)} | — | |",
+        "",
+        "Rows by table (per second, from `pg_stat_user_tables`; the busiest):",
+        "",
+        "| Table | Inserted | Updated | Deleted |",
+        "|---|---|---|---|",
+    ]
+    for row in database["tables"][:8]:
+        lines.append(f"| `{row['table']}` | {_rate(row['inserted_per_s'])} | "
+                     f"{_rate(row['updated_per_s'])} | {_rate(row['deleted_per_s'])} |")
+    per_minute = _s(seen["collections_per_node_minute"])
+    lines += [
+        "",
+        f"During the window the nodes stored {seen['collections_ok']} collections "
+        f"({seen['collections_failed']} failed): "
+        + (f"{per_minute.median:.1f} per node and minute ({per_minute.min:.1f}–"
+           f"{per_minute.max:.1f}) against {seen['collections_expected_per_minute']:g} "
+           f"scheduled" if per_minute else "none per node")
+        + f", {seen['host_samples_per_collection']} host samples per collection and "
+        f"{seen['engine_samples_per_engine_cycle']} samples per engine and collection; "
+        f"{seen['nodes_beating']} of {nodes} nodes had beaten within two heartbeat intervals "
+        f"of its end. The database holds {seen['node_rows']} node rows, the centre's own among "
+        f"them, for which {seen.get('centre_collections', 0)} collections were stored (the "
+        f"centre watches no host of its own). Rows per second of the whole database count "
+        f"its catalogs too (autovacuum's table statistics are rows); the table list is "
+        f"SparkOps' tables only.",
+        "",
+        "The centre by process, at the last reading (RSS / PSS, MiB):",
+        "",
+        "| Process | RSS | PSS |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {p['role']} | {p['rss_mib']:.0f} | {p['pss_mib']:.0f} |"
+              for p in centre["by_process"]]
+    lines += [
+        "",
+        f"- Fleet view p95 ≤ {FLEET_VIEW_TARGET_MS} ms with {nodes} nodes × {engines} engines: "
+        f"{verdict(fleet_view_met(fleet))}.",
+        f"- Central CPU ≤ {CENTRAL_CPU_TARGET} % of one core: "
+        f"{verdict(cpu <= CENTRAL_CPU_TARGET)} ({cpu:.1f} %).",
+    ]
+    return lines + [""]
+
+
 def render(results: dict) -> str:
     profile = results["profile"]["name"]
     intro = [
@@ -525,5 +694,5 @@ def render(results: dict) -> str:
                   "`bench/profiles.py`); not for quoting.", ""]
     sections = [intro, headline(results), machine_section(results), footprint_section(results),
                 cost_section(results), alert_section(results), chart_section(results),
-                storage_section(results)]
+                storage_section(results), fleet_section(results)]
     return "\n".join(line for section in sections for line in section).rstrip() + "\n"

@@ -7,9 +7,11 @@ whatever the phases returned. A phase that fails is reported as failed, with its
 others still run.
 
 Phases: ``live`` (1. footprint and 3. alert latency, on one running world), ``cost``
-(2. collection cost), ``sqlite`` and ``postgresql`` (4. chart latency and 5. storage). The
-database phases write their datasets (untimed) while ``live`` runs, and are timed after
-``cost``; ``--sequential`` keeps everything one after the other.
+(2. collection cost), ``sqlite`` and ``postgresql`` (4. chart latency and 5. storage), ``fleet``
+(6. the centre of a fleet, in a database of its own on the same PostgreSQL). The database
+phases write their datasets (untimed) while ``live`` runs, and are timed after ``cost``;
+``--sequential`` keeps everything one after the other. ``fleet`` runs last, alone: its figures
+are the centre's CPU time and latency.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from bench.services import PODMAN_STORAGE_ENV, PROJECT, podman_service
 from sparkops.testing.postgres import postgres_server
 
 BENCH = PROJECT / "bench"
-PHASES = ("live", "cost", "sqlite", "postgresql")
+PHASES = ("live", "cost", "sqlite", "postgresql", "fleet")
 
 
 def _phase_argv(phase: str, profile: Profile, workdir: Path, out: Path,
@@ -50,6 +52,13 @@ def _chart_argv(backend: str, step: str, profile: Profile, workdir: Path, out: P
     if step == "measure":
         argv += ["--generated", str(workdir / f"{backend}-generated.json")]
     return argv
+
+
+def _fleet_argv(profile: Profile, workdir: Path, out: Path, database_url: str,
+                writers: str) -> list[str]:
+    return [sys.executable, "-m", "bench.fleet", "--profile", profile.name,
+            "--workdir", str(workdir / "fleet"), "--json", str(out),
+            "--database-url", database_url, "--writers", writers]
 
 
 def run_phase(label: str, argv: list[str], env: dict[str, str], workdir: Path, out: Path,
@@ -142,6 +151,10 @@ def main() -> None:
                              "'isolated' moves only with the benchmark's own allocation (for a "
                              "shared machine; see bench/meminfo_view.py), 'real' is the "
                              "machine's /proc/meminfo")
+    parser.add_argument("--fleet-writers", choices=("auto", "agent", "worker"), default="auto",
+                        help="what runs each node of the fleet benchmark: the node agent "
+                             "(bin/sparkops agent), a stand-in Celery worker of the node's "
+                             "queue, or the agent where the project has one (default)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the generated databases (about 500 MB) in the work directory")
     args = parser.parse_args()
@@ -185,6 +198,11 @@ def main() -> None:
         for backend, generated in generation.entries.items():
             results["phases"][backend] = database_phase(backend, generated, profile, workdir,
                                                         env, database_url)
+        if "fleet" in phases:
+            out = workdir / "fleet.json"
+            argv = _fleet_argv(profile, workdir, out, database_url, args.fleet_writers)
+            results["phases"]["fleet"] = run_phase("fleet", argv, env, workdir, out,
+                                                   fresh=workdir / "fleet")
     results["total_seconds"] = round(time.monotonic() - began, 1)
     if not args.keep:
         for phase in ("sqlite", "postgresql"):

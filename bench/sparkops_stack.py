@@ -97,7 +97,7 @@ class OverviewTab(threading.Thread):
         self.base_url, self.node, self.interval = base_url, node, interval
         self.requests = 0
         self.errors = 0
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def _login(self) -> requests.Session:
         session = requests.Session()
@@ -117,7 +117,7 @@ class OverviewTab(threading.Thread):
                  (3, f"{api}/timeline.json?range=1h")]
         session.get(node_url, timeout=10)  # the page itself, once
         tick = 0
-        while not self._stop.wait(self.interval if tick else 0):
+        while not self._halt.wait(self.interval if tick else 0):
             for every, url in polls:
                 if tick % every:
                     continue
@@ -130,4 +130,4 @@ class OverviewTab(threading.Thread):
             tick += 1
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()

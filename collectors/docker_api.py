@@ -167,15 +167,46 @@ def is_vllm_engine(attrs: dict) -> bool:
     return engine_kind(attrs) == "vllm"
 
 
+LABEL_SELECTOR_ENV = "SPARKOPS_ENGINE_LABEL_SELECTOR"
+
+
+def label_selector() -> list[str]:
+    """The labels a container must carry to be one of this node's engines:
+    ``SPARKOPS_ENGINE_LABEL_SELECTOR``, comma-separated ``key=value`` (that value) or ``key``
+    (any value), all of them; empty (every container) when unset.
+
+    For one container engine shared by several SparkOps nodes (one host running the
+    containers of several logical nodes, or a test that plays two nodes on one machine): each
+    node's worker sets its own selector and lists only its own containers. The container engine
+    applies it (the list call's ``label`` filter), so the other containers are never inspected.
+    A selector that names no label is refused with the reason, as the engine's own error is.
+    """
+    text = os.environ.get(LABEL_SELECTOR_ENV, "").strip()
+    if not text:
+        return []
+    items = [item.strip() for item in text.split(",")]
+    bad = [item for item in items if not item or not item.partition("=")[0].strip()]
+    if bad:
+        raise ContainerEngineError(
+            f"{LABEL_SELECTOR_ENV}={text!r} is not a list of labels: write key=value or key, "
+            "separated by commas (e.g. sparkops.node=spark-b)")
+    return [f"{key.strip()}{sep}{value.strip()}"
+            for key, sep, value in (item.partition("=") for item in items)]
+
+
 def discover_engines(engine: docker.DockerClient, *, proc_root: Path = Path("/proc"),
                      cgroup_root: Path = Path("/sys/fs/cgroup")) -> list[EngineContainer]:
     """Every engine container on this engine, of every kind, running or not, with memory for
     running ones.
 
     ``proc_root`` and ``cgroup_root`` are where this host's processes and cgroups are seen.
+    Only containers whose labels match ``SPARKOPS_ENGINE_LABEL_SELECTOR`` are listed, when it
+    is set (:func:`label_selector`).
     """
+    selector = label_selector()
     try:
-        listed = engine.api.containers(all=True)
+        listed = engine.api.containers(all=True, filters={"label": selector}) if selector \
+            else engine.api.containers(all=True)
         found = []
         for summary in listed:
             seen = _inspect(engine, summary, _inspected.get(summary["Id"]), proc_root)

@@ -53,6 +53,7 @@ from collectors.models import Engine, EngineMetric, EngineSample, Event, Node, s
 from collectors.nvml import GpuReport, processes_by_container
 from collectors.procfs import container_ids_for_pids, inode_seen_by_process
 from collectors.redaction import mask_command, mask_env, mask_text
+from collectors.spanning import serves_http, span_fields
 from collectors.starts import observe_starts
 from collectors.vllm.findings import MountCheck
 from collectors.vllm.metrics import MetricsSnapshot
@@ -155,7 +156,10 @@ def _parse_config(container: EngineContainer, reader: KindReader) -> tuple[Launc
 def _metrics_url(container: EngineContainer, launch: Launch | None,
                  reader: KindReader) -> str | None:
     port = launch.port if launch else reader.default_port
-    return metrics_base_url(container, port) if container.running else None
+    # A headless rank of an engine that spans nodes serves no API: it is not read, so it
+    # records no failed read (collectors.spanning).
+    serves = container.running and serves_http(container, launch)
+    return metrics_base_url(container, port) if serves else None
 
 
 def _scrape_all(urls: dict[str, str], readers: dict[str, KindReader]
@@ -189,7 +193,7 @@ _COLLECTED_FIELDS = (
     "exit_code", "command", "labels", "env", "model_bytes_per_token", "model_config", "config",
     "config_error", "findings", "metrics_url", "memory_usage_bytes", "gpu_memory_bytes",
     "present", "last_seen", "startup", "logs_read_at", "last_scrape_at", "last_scrape_error",
-    "last_scrape_ok_at", "metrics", "rates",
+    "last_scrape_ok_at", "metrics", "rates", "span_key", "span",
 )
 
 
@@ -312,6 +316,7 @@ def _copy_container(engine: Engine, seen: _Seen, phase: str, now: datetime) -> N
     engine.gpu_memory_bytes = seen.gpu_memory
     engine.present = True
     engine.last_seen = now
+    engine.span_key, engine.span = span_fields(container, seen.config)
 
 
 @dataclass

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import shared_task
-from celery.signals import worker_init, worker_shutdown, worker_shutting_down
+from celery.signals import worker_init, worker_ready, worker_shutdown, worker_shutting_down
 from django.conf import settings
 from django.db import connections
 from django.utils import timezone
@@ -23,10 +23,12 @@ from collectors.models import Collection, Node
 from collectors.nodes import local_node, local_procfs
 from collectors.nvml import read_gpus
 from collectors.procfs import Procfs
+from collectors.registration import NodeHeartbeat
 from collectors.retention import prune_node, rollup_node
 from collectors.sampling import window_seconds
 from collectors.signals import collection_finished
 from sparkops.celery import (
+    CENTRAL_QUEUE,
     COLLECT_ENGINES,
     COLLECT_HOST_MEMORY,
     COLLECT_KERNEL_LOG,
@@ -184,6 +186,43 @@ def _mark_a_clean_stop(sender: Any = None, **_: Any) -> None:
                        timezone.now())
     except Exception:
         log.exception("writing the flight recorder's clean end failed")
+
+
+# --- registration and the heartbeat (collectors.registration) ------------------------------------
+# Once the node's worker takes work, a thread of its main process registers the node (its row,
+# facts and agent_started_at) and beats; it ends with the worker. One per process: a prefork
+# child never starts one (worker_ready is sent in the main process only).
+_heartbeat: NodeHeartbeat | None = None
+
+
+@worker_ready.connect
+def _register_and_beat_once_the_worker_is_ready(sender: Any = None, **_: Any) -> None:
+    """The node's worker is ready: start its heartbeat thread, which registers the node first.
+    Never stops the worker: every failure is the thread's to log and retry."""
+    global _heartbeat
+    if _heartbeat is not None or not _serves_this_node(sender) or _centre_without_a_host(sender):
+        return
+    _heartbeat = NodeHeartbeat(settings.SPARKOPS_NODE_NAME).start()
+
+
+def _centre_without_a_host(worker: Any) -> bool:
+    """A central stack whose beat collects no host of its own (its node is not among
+    ``SPARKOPS_BEAT_NODES``, e.g. ``none``): its node is no node of the fleet, so it neither
+    registers nor beats. An agent (which consumes no central queue) always does."""
+    try:
+        central = CENTRAL_QUEUE in worker.app.amqp.queues.consume_from
+    except AttributeError:
+        return False
+    return central and settings.SPARKOPS_NODE_NAME not in settings.SPARKOPS_BEAT_NODES
+
+
+@worker_shutdown.connect
+def _stop_the_heartbeat(sender: Any = None, **_: Any) -> None:
+    """The worker stops: so does its heartbeat (after the round in progress, if any)."""
+    global _heartbeat
+    if _heartbeat is not None:
+        _heartbeat.stop()
+        _heartbeat = None
 
 
 # --- the kernel log (collectors.kernellog) -------------------------------------------------------

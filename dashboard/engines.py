@@ -158,3 +158,55 @@ def start_predictions(engine: Engine) -> list[dict]:
     starts = EngineStart.objects.filter(engine=engine).order_by("-seen_at", "-pk")[:STARTS_SHOWN]
     return [{"start": start, "figures": figure_errors(start),
              "corrections": start.corrections or []} for start in starts]
+
+
+def engine_span(engine: Engine) -> dict | None:
+    """An engine spread over nodes as one engine: every row of its span (``Engine.span_key``,
+    ``collectors.spanning``) on every node, head first, each with its node, its place, its
+    container's state and the memory it holds (from its node's ledger, else its container's
+    or GPU memory). None for an engine on one node. One query."""
+    if not engine.span:
+        return None
+    rows = [engine] if not engine.span_key else list(
+        Engine.objects.filter(span_key=engine.span_key).select_related("node"))
+    parts = sorted((_span_row(row, row.pk == engine.pk) for row in rows),
+                   key=lambda part: (part["role"] != "head", part["sort"], part["node"]))
+    span = engine.span
+    return {
+        "key": engine.span_key,
+        "backend": span.get("backend"),
+        "basis": span.get("basis") or "",
+        "ranks": span.get("ranks"),
+        "ranks_text": str(span["ranks"]) if span.get("ranks") is not None
+        else f"{UNKNOWN} — its flags do not say",
+        "rendezvous": span.get("rendezvous") or f"{UNKNOWN} — its flags do not say",
+        "matched": bool(engine.span_key),
+        "parts": parts,
+    }
+
+
+def _span_row(row: Engine, this: bool) -> dict:
+    span = row.span or {}
+    rank, local = span.get("rank"), span.get("local") or 1
+    if rank is None:
+        place = "Ray worker" if span.get("backend") == "ray" else f"rank {UNKNOWN}"
+    else:
+        place = f"rank {rank}" if local <= 1 else f"ranks {rank}–{rank + local - 1}"
+    running = row.present and row.container_state == "running"
+    return {
+        "node": row.node.name, "name": row.name, "this": this,
+        "role": span.get("role") or "rank", "place": place, "sort": rank if rank is not None
+        else 1_000_000, "serves_api": span.get("serves_api", True),
+        "state": row.container_state if row.present else "gone", "phase": row.phase,
+        "held_text": _held_text(row) if running
+        else f"none (container {row.container_state if row.present else 'gone'})",
+        "last_seen": row.last_seen,
+    }
+
+
+def _held_text(row: Engine) -> str:
+    share = next((s for s in (row.node.ledger or {}).get("engines") or []
+                  if s.get("engine_id") == row.pk), {})
+    known = [v for v in (share.get("actual"), share.get("reserved"), row.memory_usage_bytes,
+                         row.gpu_memory_bytes) if isinstance(v, int | float)]
+    return size_text(max(known)) if known else f"{UNKNOWN} — not read"

@@ -6,7 +6,7 @@ here, so the names stayed the same when the domains became apps of their own.
 
 from django.urls import path
 
-from dashboard import planner_views, views
+from dashboard import fleet_views, planner_views, views
 from dashboard.alerting import urls as alerting_urls
 from dashboard.audit import urls as audit_urls
 from dashboard.exports import urls as exports_urls
@@ -17,6 +17,7 @@ app_name = "dashboard"
 
 urlpatterns = [
     path("", views.home, name="home"),
+    path("fleet/", fleet_views.fleet_page, name="fleet"),
     path("nodes/<slug:node>/", views.overview, name="overview"),
     path("nodes/<slug:node>/planner/", planner_views.planner_page, name="planner"),
     path("nodes/<slug:node>/engines/cards/", views.engine_cards, name="engine-cards"),

@@ -17,12 +17,14 @@ from dashboard.alerting.models import Alert, AlertState
 from dashboard.engines import (
     engine_card,
     engine_series,
+    engine_span,
     humanise_ledger,
     node_engine_cards,
     recent_events,
     restart_history,
     start_predictions,
 )
+from dashboard.fleet_views import render_fleet
 from dashboard.gpuseries import current_gpus
 from dashboard.ledger import ledger_bar
 from dashboard.memory import RANGES, current_headroom
@@ -63,7 +65,12 @@ def _cards_context(node: Node) -> dict:
 
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
-    return redirect("dashboard:overview", node=local_node().name)
+    """The fleet page where there is more than one node; else the one node's overview (this
+    node's, created on first use)."""
+    nodes = list(Node.objects.order_by("name").values_list("name", flat=True)[:2])
+    if len(nodes) > 1:
+        return render_fleet(request)
+    return redirect("dashboard:overview", node=nodes[0] if nodes else local_node().name)
 
 
 @login_required
@@ -111,6 +118,7 @@ def engine_detail(request: HttpRequest, node: str, engine: str) -> HttpResponse:
         "events": recent_events(found),
         "restarts": restart_history(found),
         "starts": start_predictions(found),
+        "span": engine_span(found),
         "roofline": engine_roofline(
             found, timezone.now(), bandwidth_gbps=settings.SPARKOPS_MEMORY_BANDWIDTH_GBPS,
             interval=settings.SPARKOPS_COLLECT_INTERVAL,

@@ -33,9 +33,10 @@ DELIVER_NOTIFICATIONS = "dashboard.notify.tasks.deliver_notifications"
 DISPATCH_DUE_RESTARTS = "dashboard.restarts.tasks.dispatch_due_restarts"
 RECOVER_INTERRUPTED_RESTARTS = "dashboard.restarts.tasks.recover_interrupted_restarts"
 RUN_RESTART = "dashboard.restarts.tasks.run_restart_task"
+WATCH_NODES = "dashboard.alerting.tasks.watch_nodes"
 TASK_NAMES = (COLLECT_HOST_MEMORY, COLLECT_ENGINES, ROLLUP_SAMPLES, PRUNE_SAMPLES,
               EVALUATE_ALERTS, DELIVER_NOTIFICATIONS, DISPATCH_DUE_RESTARTS,
-              RECOVER_INTERRUPTED_RESTARTS, RUN_RESTART, COLLECT_KERNEL_LOG)
+              RECOVER_INTERRUPTED_RESTARTS, RUN_RESTART, COLLECT_KERNEL_LOG, WATCH_NODES)
 
 CENTRAL_QUEUE = "sparkops"
 NOTIFY_QUEUE = "notify"
@@ -53,6 +54,25 @@ def worker_queues(node_name: str) -> list[str]:
     return [node_queue(node_name), CENTRAL_QUEUE, NOTIFY_QUEUE]
 
 
+def agent_queues(node_name: str) -> list[str]:
+    """The queues of a fleet node's agent (``bin/sparkops agent``): its own node's only."""
+    return [node_queue(node_name)]
+
+
+def fleet_node_unacked_keys(node_name: str) -> dict[str, str]:
+    """kombu's Redis transport options that keep the messages a fleet node's agent has taken
+    but not yet acknowledged under keys of its own (``unacked.node.<name>``, ...) instead of
+    the ``unacked`` hash every worker of the broker shares (``sparkops.stackworker.FleetNode``)."""
+    return {option: f"{option.removesuffix('_key')}.node.{node_name}"
+            for option in ("unacked_key", "unacked_index_key", "unacked_mutex_key")}
+
+
+# The scheduler of the stack's beat: the node-local collections of SPARKOPS_BEAT_NODES and of
+# every node whose own worker registered it (an agent), re-read from the database as agents come
+# and go. Named by path: this package imports none of the apps.
+FLEET_SCHEDULER = "collectors.fleetbeat:FleetScheduler"
+
+
 def _entry(task: str, every: float, queue: str, args: tuple = ()) -> dict:
     # Each entry expires after about one period: if workers fall behind, stale runs are dropped
     # instead of piling up and running back to back.
@@ -68,6 +88,9 @@ CENTRAL_SCHEDULE = [
     ("rollup-samples", ROLLUP_SAMPLES, 60.0),
     ("prune-samples", PRUNE_SAMPLES, 3600.0),
 ]
+# The centre's look at nodes gone silent runs every heartbeat interval (beat_schedule's
+# ``heartbeat_interval``): a silent node is reported within one interval of its bound.
+WATCH_ENTRY = "watch-nodes"
 # Node-local collection, one entry per node on that node's queue.
 NODE_TASKS = [
     ("collect-host-memory", COLLECT_HOST_MEMORY),
@@ -76,15 +99,22 @@ NODE_TASKS = [
 ]
 
 
-def beat_schedule(nodes: list[str], collect_interval: float) -> dict[str, dict]:
-    """The node-local collections of every node, plus the central housekeeping."""
-    schedule = {
+def node_schedule(nodes: list[str], collect_interval: float) -> dict[str, dict]:
+    """The node-local collections of every node in ``nodes``, each on that node's queue."""
+    return {
         f"{name}:{node}": _entry(task, collect_interval, node_queue(node), (node,))
         for node in nodes
         for name, task in NODE_TASKS
     }
+
+
+def beat_schedule(nodes: list[str], collect_interval: float,
+                  heartbeat_interval: float = 10.0) -> dict[str, dict]:
+    """The node-local collections of every node, plus the central housekeeping."""
+    schedule = node_schedule(nodes, collect_interval)
     schedule.update({name: _entry(task, every, TASK_QUEUES.get(task, CENTRAL_QUEUE))
                      for name, task, every in CENTRAL_SCHEDULE})
+    schedule[WATCH_ENTRY] = _entry(WATCH_NODES, heartbeat_interval, CENTRAL_QUEUE)
     return schedule
 
 
@@ -93,5 +123,6 @@ def _install_beat_schedule(sender: Celery, **_: object) -> None:
     from django.conf import settings
 
     sender.conf.beat_schedule = beat_schedule(
-        settings.SPARKOPS_BEAT_NODES, settings.SPARKOPS_COLLECT_INTERVAL
+        settings.SPARKOPS_BEAT_NODES, settings.SPARKOPS_COLLECT_INTERVAL,
+        settings.SPARKOPS_HEARTBEAT_SECONDS,
     )

@@ -272,8 +272,11 @@ LOGGING = {
 # The node this process runs on. A central SparkOps watching a fleet runs one worker per node,
 # each started with its own SPARKOPS_NODE_NAME and consuming only that node's queue.
 SPARKOPS_NODE_NAME = env_str("SPARKOPS_NODE_NAME", _default_node_name())
-# Nodes the beat schedules collections for (a central beat for a fleet lists them all).
-SPARKOPS_BEAT_NODES = env_list("SPARKOPS_BEAT_NODES", [SPARKOPS_NODE_NAME])
+# Nodes the beat schedules collections for, besides every node an agent registered
+# (collectors.fleetbeat); "none": no host of the beat's own (a centre that only watches agents,
+# whose own node then neither registers nor shows in the fleet).
+SPARKOPS_BEAT_NODES = [name for name in env_list("SPARKOPS_BEAT_NODES", [SPARKOPS_NODE_NAME])
+                       if name.lower() != "none"]
 # Seconds between host-memory collections. Each collection watches MemAvailable for the whole
 # interval (see collectors.sampling), so a transient prefill buffer between two rows is not lost.
 SPARKOPS_COLLECT_INTERVAL = env_float("SPARKOPS_COLLECT_INTERVAL", 5.0, minimum=1.0)

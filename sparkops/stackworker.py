@@ -7,6 +7,11 @@ a file and publishes a few messages every 5 s, which a thread does as well. With
 ``--beat-thread`` this is the project's app unchanged (``runstack --no-beat``: a fleet runs beat
 once, on the central host).
 
+Its scheduler is ``collectors.fleetbeat.FleetScheduler`` (``sparkops.celery.FLEET_SCHEDULER``,
+named by path: this package imports none of the apps) unless ``--scheduler`` names another: the
+configured schedule plus the collections of every node whose own agent registered it, so that a
+fleet's agents, which run no beat, are collected from here.
+
 If the beat thread ends while the worker is not shutting down, it stops the worker: whoever
 supervises the worker (``runstack``) then sees the stack fail, as it would have seen a separate
 beat process exit, instead of a worker that silently receives no more schedule.
@@ -22,6 +27,16 @@ lines for every task received and succeeded, every beat send and every broker co
 left out (``QuietTasks``): about ten lines every 5 s that bury what an admin reads the log for.
 A task that fails or raises is still logged (Celery writes those as errors), and so is what the
 tasks themselves log (failed collections, deliveries).
+
+With ``--fleet-node`` (what a fleet node's agent passes, ``runagent``), the worker shares as
+little of the broker with other nodes as kombu lets it (``FleetNode``), so that a node's broker
+user can be confined to its own keys (docs/DEPLOY.md, "A fleet"): it neither listens for
+Celery's broadcast commands nor keeps a reply queue (nothing of SparkOps sends them; Celery's
+fleet-wide ``celery.pidbox`` channel and binding keys stay untouched), and on Redis it keeps
+the messages it has taken but not yet acknowledged under keys of its own node
+(``unacked.node.<name>``, ``unacked_index.node.<name>``, ``unacked_mutex.node.<name>``)
+instead of kombu's ``unacked`` hash shared by every worker of the broker. Only that node's
+worker takes messages of its queue, so only it need ever put them back.
 
 On the embedded file-system broker every process uses ``sparkops.fsbroker`` (see the settings):
 kombu's own transport lets a reader take a message file before its writer has written it, which
@@ -41,15 +56,17 @@ from celery import bootsteps
 from celery.beat import Service
 from click import Option
 
-from sparkops.celery import app
+from sparkops.celery import FLEET_SCHEDULER, app, fleet_node_unacked_keys
 
-__all__ = ["BeatThread", "Liveness", "QuietTasks", "app"]
+__all__ = ["BeatThread", "FleetNode", "Liveness", "QuietTasks", "app", "scheduler_for"]
 
 log = logging.getLogger(__name__)
 # How long the scheduler sleeps at most between two looks at its schedule, and so how long a
 # stop waits for it: short, as Celery's own threaded beat (the schedule's entries are due every
 # 5 s or more; a look costs well under a millisecond).
 MAX_INTERVAL_SECONDS = 1.0
+# Celery's own default scheduler: what the worker's ``scheduler`` is unless --scheduler was given.
+CELERY_DEFAULT_SCHEDULER = "celery.beat:PersistentScheduler"
 # Seconds between two touches of the liveness file, unless --liveness-interval says otherwise.
 LIVENESS_INTERVAL_SECONDS = 5.0
 # Celery's loggers that write a line per task or per beat send at INFO (their failures are
@@ -62,6 +79,15 @@ PER_TASK_LOGGERS = {
     "celery.worker.consumer.connection": logging.WARNING,  # "Connected to ..."
     "kombu.connection": logging.ERROR,  # "No hostname was supplied. Reverting to ..."
 }
+
+
+def scheduler_for(parent: Any) -> str:
+    """The beat scheduler of the worker ``parent``: the one --scheduler names, else the fleet's
+    (``FLEET_SCHEDULER``) in place of Celery's default."""
+    chosen = getattr(parent, "scheduler", None)
+    if not chosen or chosen == CELERY_DEFAULT_SCHEDULER:
+        return FLEET_SCHEDULER
+    return chosen
 
 
 class BeatThread(bootsteps.StartStopStep):
@@ -82,7 +108,7 @@ class BeatThread(bootsteps.StartStopStep):
     def create(self, parent: Any) -> None:
         self.service = Service(
             parent.app, max_interval=MAX_INTERVAL_SECONDS,
-            schedule_filename=parent.schedule_filename, scheduler_cls=parent.scheduler,
+            schedule_filename=parent.schedule_filename, scheduler_cls=scheduler_for(parent),
             remote_control=False,
         )
         self.thread = threading.Thread(target=self._run, name="beat", daemon=True)
@@ -167,6 +193,34 @@ class QuietTasks(bootsteps.Step):
         super().__init__(parent, **kwargs)
 
 
+class FleetNode(bootsteps.Step):
+    """Worker bootstep: with ``--fleet-node``, no remote control (as
+    ``worker_enable_remote_control = False``) and, on Redis, the node's own unacknowledged-
+    message keys (``fleet_node_unacked_keys``)."""
+
+    label = "Fleet node"
+    conditional = True
+
+    def __init__(self, parent: Any, fleet_node: bool = False, **kwargs: Any) -> None:
+        self.enabled = bool(fleet_node)
+        if self.enabled:
+            from django.conf import settings
+
+            # Every step is built before any is created: the consumer and its broker
+            # connection, created after this, read these when they are made.
+            conf = parent.app.conf
+            conf.worker_enable_remote_control = False
+            conf.broker_transport_options = {
+                **(conf.broker_transport_options or {}),
+                **fleet_node_unacked_keys(settings.SPARKOPS_NODE_NAME)}
+        super().__init__(parent, **kwargs)
+
+
+app.user_options["worker"].add(Option(
+    ["--fleet-node"], is_flag=True, default=False,
+    help="A fleet node's agent: no remote control, and its own keys for unacknowledged "
+         "messages on Redis.",
+))
 app.user_options["worker"].add(Option(
     ["--quiet-tasks"], is_flag=True, default=False,
     help="No log line per task received or succeeded, nor per beat send (failures still are).",
@@ -186,3 +240,4 @@ app.user_options["worker"].add(Option(
 app.steps["worker"].add(BeatThread)
 app.steps["worker"].add(Liveness)
 app.steps["worker"].add(QuietTasks)
+app.steps["worker"].add(FleetNode)

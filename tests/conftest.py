@@ -145,3 +145,26 @@ def postgres_url() -> Iterator[str]:
         pytest.fail(str(error))
     with postgres_server() as url:
         yield url
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--alone", choices=("with", "skip", "only"), default="with",
+        help="tests marked alone (they judge the whole machine's free memory): run them with "
+             "the others (default), leave them out (the side-by-side run of bin/sparkops "
+             "test), or run only them (its second run, in one process)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep or leave out the tests marked ``alone`` (``--alone``); then the slow tests first,
+    each group in its usual order: run side by side (pytest-xdist, one file to a worker), the
+    long files then start at once and the many quick ones fill the gaps at the end, instead of
+    a long file starting last and running by itself."""
+    choice = config.getoption("--alone")
+    if choice != "with":
+        keep = choice == "only"
+        deselected = [item for item in items if bool(item.get_closest_marker("alone")) != keep]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if bool(item.get_closest_marker("alone")) == keep]
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -25,10 +25,10 @@ def stop_group(process: subprocess.Popen, stop_signal: int = signal.SIGTERM,
         process.wait()
 
 
-def sign_in(base: str, password: str, *, node: str, username: str = "admin",
+def sign_in(base: str, password: str, *, node: str | None, username: str = "admin",
             **request_options) -> requests.Session:
     """A session signed in at ``base`` (the login form, its CSRF token, the post), which must
-    land on ``node``'s overview."""
+    land on ``node``'s overview, or on the home page's fleet view when ``node`` is None."""
     session = requests.Session()
     page = session.get(f"{base}/login/", timeout=10, **request_options)
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
@@ -38,5 +38,8 @@ def sign_in(base: str, password: str, *, node: str, username: str = "admin",
         headers={"Referer": f"{base}/login/"}, timeout=10, **request_options,
     )
     response.raise_for_status()
-    assert response.url.endswith(f"/nodes/{node}/"), response.url
+    if node is None:
+        assert response.url == f"{base}/" and 'id="fleet"' in response.text, response.url
+    else:
+        assert response.url.endswith(f"/nodes/{node}/"), response.url
     return session

@@ -3,7 +3,8 @@ section filled.
 
 The figures of a smoke run mean nothing (one engine, one sample each); what is checked is that
 every benchmark's code path ran to the end against the real servers — SparkOps' stack, the
-Prometheus trio, real containers, SQLite and PostgreSQL — and reported a figure. Timing
+Prometheus trio, real containers, SQLite and PostgreSQL, and a fleet's centre on PostgreSQL and
+Redis with two nodes writing into it — and reported a figure. Timing
 targets are never asserted here; that is what ``bench/run`` is for.
 """
 
@@ -27,7 +28,12 @@ SECTIONS = {
     "## 3. Alert latency": r"\| SparkOps \(`runstack`\) \| .* \| [\d.]+ s \(n=1\) \|",
     "## 4. Chart latency": r"\| `timeline\.json\?range=30d` \| \d+ ms.* \| \d+ ms.* \|",
     "## 5. Storage": r"\| Measured total \| \d+ MiB for [\d.]+ days \| \d+ MiB for",
+    "## 6. Fleet": r"\| Fleet view \(`/(fleet/)?`, signed in\): p50 / p95 / worst \| "
+                   r"\d+ / \d+ / \d+ ms \(n=\d+\) \|",
 }
+# The fleet's centre, measured: its CPU share and its memory.
+FLEET_CENTRE = (r"\| Central CPU \(web, worker with beat; % of one core\) \| [\d.]+ % .*\n"
+                r"\| Central memory: RSS sum; distinct resident pages \| \d+ MiB ")
 
 
 @pytest.mark.timeout(900)
@@ -43,5 +49,6 @@ def test_smoke_run_writes_every_section(tmp_path):
     for heading, measured in SECTIONS.items():
         assert heading in text, f"{heading} missing from the results"
         assert re.search(measured, text), f"{heading}: no figure in\n{text}"
+    assert re.search(FLEET_CENTRE, text), f"the fleet's centre unmeasured in\n{text}"
     assert "Not measured" not in text
     assert "FAILED" not in text

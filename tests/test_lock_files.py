@@ -254,8 +254,12 @@ def test_bin_sparkops_installs_each_lock_with_hashes_once(tmp_path):
     assert not any("pip" in call for call in _run(venv, "start"))  # installed: nothing to do
 
     tested = _run(venv, "test", "-q")
+    # Side by side in one worker more than the cores (at least three), then the tests
+    # that must run by themselves.
+    workers = max(3, len(os.sched_getaffinity(0)) + 1)  # as `nproc` counts
     assert tested == ["-m pip install --quiet --require-hashes -r requirements-test.lock",
-                      "-m pytest -q"]
+                      f"-m pytest -n {workers} --dist loadfile --alone=skip -q",
+                      "-m pytest -p no:xdist --alone=only -q"]
     assert stamp.read_text().splitlines() == [_stamp_line(RUNTIME_LOCK), _stamp_line(TEST_LOCK)]
     # The test lock holds the runtime lock's pins: neither needs installing again.
     assert not any("pip" in call for call in _run(venv, "test", "-q") + _run(venv, "start"))

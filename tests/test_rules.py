@@ -191,6 +191,10 @@ def test_restart_failed_is_open_while_recent_unless_the_abort_left_the_engine_se
 
 def test_every_rule_names_its_conditions_after_itself(node):
     engine = _engine(node, "gemma", 8.0, prefill_bytes_per_token=1, container_state="exited")
+    # A part of an engine spread over nodes (its label says so), for orphan-rank to judge.
+    engine.span_key, engine.span = "label|gemma-tp2", {
+        "role": "rank", "rank": 1, "ranks": 2, "backend": "label", "serves_api": False}
+    engine.save(update_fields=["span_key", "span"])
     ledger = _ledger(node, T0, _figures(30), [engine])
     for kind, status in (("planned", "failed"), ("unplanned", "detected")):
         Restart.objects.create(node=node, engine=engine, kind=kind, status=status,

@@ -23,6 +23,7 @@ DEPLOYED_NAMES = {
     "collectors.tasks.rollup_samples",
     "collectors.tasks.prune_samples",
     "dashboard.alerting.tasks.evaluate_alerts",
+    "dashboard.alerting.tasks.watch_nodes",
     "dashboard.notify.tasks.deliver_notifications",
     "dashboard.restarts.tasks.dispatch_due_restarts",
     "dashboard.restarts.tasks.recover_interrupted_restarts",

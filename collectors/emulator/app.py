@@ -110,7 +110,12 @@ def _close(server: EmulatorHTTPServer) -> None:
 
 
 def run(config: EmulatorConfig) -> int:
-    """Run the emulator until a stop signal; return the process exit status."""
+    """Run the emulator until a stop signal; return the process exit status. A headless rank
+    (``--headless``) serves nothing: `headless`."""
+    if config.rank.headless:
+        from .headless import run_headless
+
+        return run_headless(config)
     log = VllmLog(config.style, sys.stdout, os.getpid())
     stop = threading.Event()
     state = ServerState(config=config, log=log, stopping=stop)

@@ -68,9 +68,6 @@ IGNORED_VLLM_FLAGS: dict[str, bool] = {
     "--kv-cache-metrics": False,
     "--cudagraph-metrics": False,
     "--enable-mfu-metrics": False,
-    "--headless": False,
-    "--tensor-parallel-size": True,
-    "--pipeline-parallel-size": True,
     "--data-parallel-size": True,
     "--dtype": True,
     "--load-format": True,
@@ -129,6 +126,24 @@ class LoadSpec:
 
 
 @dataclass(frozen=True)
+class RankSpec:
+    """Where this process sits in an engine spread over nodes; the defaults are vLLM's
+    (vllm/config/parallel.py:159-161, 317-326 of 0.33.0): one node, rank 0, 127.0.0.1:29501
+    for torch.distributed, port 29550 for data-parallel RPC."""
+
+    headless: bool = False
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size_local: int | None = None
+    data_parallel_address: str | None = None
+    data_parallel_rpc_port: int = 29550
+
+
+@dataclass(frozen=True)
 class EmulatorConfig:
     """Everything one emulator process needs, validated; sizes in bytes, rates per second."""
 
@@ -178,6 +193,9 @@ class EmulatorConfig:
     # removes, so its pages stay held after the container stopped.
     leak_on_stop_bytes: int = 0
     leak_dir: str | None = None
+    # A rank of an engine spread over nodes (`headless`): vLLM's multi-node and data-parallel
+    # flags (vllm/engine/arg_utils.py:1170-1277 of 0.33.0), read for the rank's log lines.
+    rank: RankSpec = field(default_factory=RankSpec)
 
     @property
     def model_name(self) -> str:
@@ -270,6 +288,23 @@ _FLAGS: dict[str, _Flag] = {
     "--speculative-config": _Flag("speculative_config", _json_object),
     "-sc": _Flag("speculative_config", _json_object),
     "--disable-uvicorn-access-log": _Flag("disable_uvicorn_access_log", None, True),
+    "--headless": _Flag("headless", None, True),
+    "--nnodes": _Flag("nnodes", int),
+    "-n": _Flag("nnodes", int),
+    "--node-rank": _Flag("node_rank", int),
+    "-r": _Flag("node_rank", int),
+    "--master-addr": _Flag("master_addr", str),
+    "--master-port": _Flag("master_port", int),
+    "--tensor-parallel-size": _Flag("tensor_parallel_size", int),
+    "-tp": _Flag("tensor_parallel_size", int),
+    "--pipeline-parallel-size": _Flag("pipeline_parallel_size", int),
+    "-pp": _Flag("pipeline_parallel_size", int),
+    "--data-parallel-size-local": _Flag("data_parallel_size_local", int),
+    "-dpl": _Flag("data_parallel_size_local", int),
+    "--data-parallel-address": _Flag("data_parallel_address", str),
+    "-dpa": _Flag("data_parallel_address", str),
+    "--data-parallel-rpc-port": _Flag("data_parallel_rpc_port", int),
+    "-dpp": _Flag("data_parallel_rpc_port", int),
     "--emulator-style": _Flag("emulator_style", _choice(tuple(STYLES)), vllm=False),
     "--emulator-version": _Flag("emulator_version", str, vllm=False),
     "--emulator-weights-bytes": _Flag("emulator_weights_bytes", human_readable_int, vllm=False),
@@ -315,7 +350,11 @@ honoured vLLM flags:
   --block-size (16), --moe-backend, --quantization/-q, --[no-]enforce-eager, --kv-cache-dtype,
   --[no-]enable-prefix-caching, --disable-log-stats, --disable-uvicorn-access-log,
   --[no-]enable-sleep-mode (POST /sleep?level=1|2, /wake_up, GET /is_sleeping with
-  VLLM_SERVER_DEV_MODE=1), --speculative-config/-sc JSON (method, num_speculative_tokens)
+  VLLM_SERVER_DEV_MODE=1), --speculative-config/-sc JSON (method, num_speculative_tokens),
+  --headless with --nnodes/-n, --node-rank/-r, --master-addr, --master-port,
+  --tensor-parallel-size/-tp, --pipeline-parallel-size/-pp, --data-parallel-size-local/-dpl,
+  --data-parallel-address/-dpa, --data-parallel-rpc-port/-dpp: a rank of an engine spread over
+  nodes, which reserves what its flags say (its share) and serves no HTTP at all
   Other flags are accepted and ignored, except those the emulated release rejects.
 
 emulator flags:
@@ -535,6 +574,26 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         speculative=_speculative(values.get("speculative_config")),
         spec_acceptance=_spec_acceptance(bounded),
         **_leak(values, bounded),
+        rank=_rank(values, bounded),
+    )
+
+
+def _rank(values: dict[str, Any], bounded: _Bounded) -> RankSpec:
+    """vLLM's multi-node flags, with its bounds (ParallelConfig: nnodes >= 1, node_rank >= 0,
+    the sizes >= 1)."""
+    defaults = RankSpec()
+    return RankSpec(
+        headless=values.get("headless", False),
+        nnodes=bounded.positive("nnodes", defaults.nnodes),
+        node_rank=bounded.not_negative("node_rank", defaults.node_rank),
+        master_addr=values.get("master_addr", defaults.master_addr),
+        master_port=bounded.positive("master_port", defaults.master_port),
+        tensor_parallel_size=bounded.positive("tensor_parallel_size", 1),
+        pipeline_parallel_size=bounded.positive("pipeline_parallel_size", 1),
+        data_parallel_size_local=values.get("data_parallel_size_local"),
+        data_parallel_address=values.get("data_parallel_address"),
+        data_parallel_rpc_port=bounded.positive("data_parallel_rpc_port",
+                                                defaults.data_parallel_rpc_port),
     )
 
 

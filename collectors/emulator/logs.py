@@ -28,9 +28,12 @@ class VllmLog:
     engine down.
     """
 
-    def __init__(self, style: Style, stream: TextIO, pid: int) -> None:
+    def __init__(self, style: Style, stream: TextIO, pid: int,
+                 core_process: str | None = None) -> None:
         self.style = style
         self.pid = pid
+        # Whose lines `core` writes: the engine core's, or (a headless rank) its worker's.
+        self.core_process = core_process or style.engine_process
         self._stream = stream
         self._lock = threading.Lock()
 
@@ -52,7 +55,12 @@ class VllmLog:
 
     def core(self, source: str, message: str, level: str = "INFO") -> None:
         """A line from the engine core process (model runner, worker, KV planning)."""
-        self._line(self.style.engine_process, level, source, message)
+        self._line(self.core_process, level, source, message)
+
+    def main(self, source: str, message: str, level: str = "INFO") -> None:
+        """A line from a process vLLM never named: the logging module's ``MainProcess``
+        (vllm/logger.py:48 of 0.33.0), as a headless rank's launcher writes them."""
+        self._line("MainProcess", level, source, message)
 
     def uvicorn(self, message: str, level: str = "INFO") -> None:
         """uvicorn's format: level, colon, padded to column 10 (`INFO:     …`)."""

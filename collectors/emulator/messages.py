@@ -406,3 +406,20 @@ def kv_oom_error(nbytes: int, mem_total: int, mem_free: int) -> str:
         f"GPU 0 has a total capacity of {gib(mem_total):.2f} GiB of which {gib(mem_free):.2f} GiB "
         "is free."
     )
+
+
+def headless_executor(version: str, head_address: str) -> Line:
+    """A headless node of multi-node tensor/pipeline parallelism joining its head
+    (vllm/entrypoints/cli/serve.py:224-229 of 0.33.0)."""
+    return "serve.py:224", (
+        f"Launching vLLM (v{version}) headless multiproc executor, with head node address "
+        f"{head_address} for torch.distributed process group."
+    )
+
+
+def headless_data_parallel(engines: int, handshake_address: str) -> Line:
+    """A headless node of data parallelism joining its head (serve.py:239-244 of 0.33.0)."""
+    return "serve.py:239", (
+        f"Launching {engines} data parallel engine(s) in headless mode, with head node address "
+        f"{handshake_address}."
+    )

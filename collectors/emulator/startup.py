@@ -124,8 +124,27 @@ class Startup:
         self.log.api(*messages.chunked_prefill(self.style, c.max_num_batched_tokens))
 
     def run(self) -> KvPlan:
+        """The phases in order; a headless rank's workers log only their own lines (the engine
+        configuration, the KV capacity and the engine's start-up time are the head's engine
+        core's: vllm/v1/engine/core.py, vllm/v1/core/kv_cache_utils.py)."""
         c = self.config
         started = time.monotonic()
+        if not c.rank.headless:
+            self._log_engine_config()
+        self._check_free_memory()
+        self._load_weights()
+        peak = self._profile()
+        plan = self._size_kv(peak)
+        self._allocate_kv(plan)
+        self._capture_graphs()
+        if self.style.modern and not plan.pinned:
+            self._log_sizing_advice(plan, peak)
+        if not c.rank.headless:
+            self.log.core(*messages.init_engine_took(self.style, time.monotonic() - started))
+        return plan
+
+    def _log_engine_config(self) -> None:
+        c = self.config
         self.log.core(
             *messages.engine_config(
                 self.style,
@@ -143,16 +162,6 @@ class Startup:
                 if c.speculative else "None",
             )
         )
-        self._check_free_memory()
-        self._load_weights()
-        peak = self._profile()
-        plan = self._size_kv(peak)
-        self._allocate_kv(plan)
-        self._capture_graphs()
-        if self.style.modern and not plan.pinned:
-            self._log_sizing_advice(plan, peak)
-        self.log.core(*messages.init_engine_took(self.style, time.monotonic() - started))
-        return plan
 
     # --- phases ---------------------------------------------------------------------------------
 
@@ -260,7 +269,7 @@ class Startup:
         )
         if plan.num_gpu_blocks == 0:
             raise StartupFailed(messages.no_cache_memory_error(), FRAMES_KV)
-        if c.max_model_len is None:
+        if c.max_model_len is None and not c.rank.headless:
             self.log.api(*messages.max_model_len(self.style, plan.max_model_len))
         needed = plan.max_model_len * plan.bytes_per_token
         if c.fail == "max-seq-len" or plan.tokens < plan.max_model_len:
@@ -288,8 +297,9 @@ class Startup:
             raise StartupFailed(
                 messages.kv_oom_error(plan.pool_bytes, self.mem_total, free), FRAMES_KV_ALLOC
             ) from None
-        for line in messages.kv_capacity(self.style, plan):
-            self.log.core(*line)
+        if not self.config.rank.headless:
+            for line in messages.kv_capacity(self.style, plan):
+                self.log.core(*line)
 
     def _capture_graphs(self) -> None:
         c = self.config

@@ -12,7 +12,9 @@ KV pool together; chosen from the GPU's size when unset), ``--max-running-reques
 ``--chunked-prefill-size`` (schedule.py:52: the prompt tokens one prefill step computes, so the
 width of its activation buffer; unset, arg_groups/memory_hook.py:143-155 picks 8192 for a
 device of 90-160 GiB, which a GB10's ~120 GiB is), ``--max-prefill-tokens`` (16384),
-``--context-length``, ``--enable-metrics`` (observability.py:70, off by default), ``--tp-size``.
+``--context-length``, ``--enable-metrics`` (observability.py:70, off by default), ``--tp-size``;
+and, for one engine over several nodes (``collectors.spanning``), ``--nnodes``, ``--node-rank``
+and ``--dist-init-addr`` (alias ``--nccl-init-addr``; parallel.py:32-44).
 
 **Startup log** (``[YYYY-MM-DD HH:MM:SS] message``, utils/common.py:2630, a `` TP0`` or
 `` DP0`` after the time with several ranks): ``Load weight begin. avail mem=X GB`` and ``Load
@@ -95,7 +97,13 @@ _FLAGS: dict[str, tuple[str, bool]] = {
     "--context-length": ("context-length", True),
     "--enable-metrics": ("enable-metrics", False),
     "--tp-size": ("tp-size", True), "--tp": ("tp-size", True),
+    "--tensor-parallel-size": ("tp-size", True),
     "--dp-size": ("dp-size", True), "--dp": ("dp-size", True),
+    "--data-parallel-size": ("dp-size", True),
+    "--pp-size": ("pp-size", True), "--pipeline-parallel-size": ("pp-size", True),
+    # One engine over several nodes (collectors.spanning; arg_groups/fields/parallel.py:32-44).
+    "--nnodes": ("nnodes", True), "--node-rank": ("node-rank", True),
+    "--dist-init-addr": ("dist-init-addr", True), "--nccl-init-addr": ("dist-init-addr", True),
     "--kv-cache-dtype": ("kv-cache-dtype", True),
     "--page-size": ("page-size", True),
     "--api-key": ("api-key", True),

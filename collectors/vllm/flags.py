@@ -255,6 +255,16 @@ _ALIASES = {
     "tp": "tensor-parallel-size",
     "pp": "pipeline-parallel-size",
     "dp": "data-parallel-size",
+    # The short names of the flags that place an engine spread over nodes (collectors.spanning):
+    # vllm/engine/arg_utils.py:1177-1178, 1240-1277 of vLLM 0.33.0.
+    "n": "nnodes",
+    "r": "node-rank",
+    "dpn": "data-parallel-rank",
+    "dpr": "data-parallel-start-rank",
+    "dpl": "data-parallel-size-local",
+    "dpa": "data-parallel-address",
+    "dpp": "data-parallel-rpc-port",
+    "dpb": "data-parallel-backend",
 }
 # Every name some release declares: argparse expands an abbreviation only when it is unambiguous.
 _KNOWN_NAMES = tuple(sorted(set(_FLAGS) | _BOOLEANS | ALL_FLAGS))

@@ -2,33 +2,85 @@
 
 Kept apart from the rule package: the rules declare their defaults and need no stored state of
 their own, while this step reads the admins' overrides (``dashboard.alerting.settings``).
+
+**A node out of contact is held.** The rules read what the node's collections stored; once
+the node stops beating (``collectors.heartbeat``) that is only its last known state. Judging
+it again would fire ``engine-down`` for every engine whose container nobody can read now and
+resolve alerts whose figures merely stopped moving. So for a node that is unreachable only
+``node-unreachable`` is evaluated (:func:`contact_hold`), and the lifecycle, which leaves the
+alerts of rules that did not run as they are (``evaluated_rules``), keeps every other alert of
+the node as it was: visible, firing or pending, not resolved. The hold lasts until the node's
+first collection after its node-unreachable alert opened: its beats may return before its
+collections do, and until then the figures are still the old ones. It holds whether or not
+node-unreachable is enabled: stale figures are stale either way.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
+from collectors.heartbeat import is_unreachable
 from collectors.models import Engine, Node
 from dashboard.alerting.conditions import Condition
+from dashboard.alerting.models import OPEN_STATES, Alert
 from dashboard.alerting.rules import RULES
+from dashboard.alerting.rules.node_unreachable import NAME as NODE_UNREACHABLE
 from dashboard.alerting.settings import all_rule_settings
 
+UNREACHABLE = "unreachable"  # its last beat is older than the bound
+RETURNING = "returning"  # beating again, not yet collected since it went silent
 
-def evaluate_rules(node: Node, now: datetime) -> tuple[list[Condition], set[str]]:
-    """Every enabled rule's conditions for ``node``, and the set of rules evaluated.
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One round's rule results for a node: the conditions, the rules that ran (the others'
+    alerts stay as they are), and why the node's other rules were held ("" when none was)."""
+
+    conditions: list[Condition] = field(default_factory=list)
+    evaluated: set[str] = field(default_factory=set)
+    held: str = ""
+
+
+def evaluate_rules(node: Node, now: datetime) -> Evaluation:
+    """Every enabled rule's conditions for ``node``, and the set of rules evaluated; only
+    node-unreachable while the node is held (:func:`contact_hold`).
 
     Cost: one query for the settings of every rule and one for the engines, plus each rule's
-    own queries.
+    own queries; for a node that beats, one more for its open node-unreachable alert.
     """
+    held = contact_hold(node, now)
     ledger = node.ledger or {}
     engines = list(Engine.objects.filter(node=node, present=True))
     settings = all_rule_settings()
-    conditions: list[Condition] = []
-    evaluated: set[str] = set()
+    result = Evaluation(held=held)
     for name, rule in RULES.items():
-        setting = settings[name]
-        if not setting.enabled:
+        if not settings[name].enabled or (held and name != NODE_UNREACHABLE):
             continue
-        evaluated.add(name)
-        conditions += rule.evaluate(node, ledger, engines, dict(setting.thresholds), now)
-    return conditions, evaluated
+        result.evaluated.add(name)
+        result.conditions.extend(rule.evaluate(node, ledger, engines,
+                                               dict(settings[name].thresholds), now))
+    return result
+
+
+def contact_hold(node: Node, now: datetime) -> str:
+    """Why ``node``'s rules other than node-unreachable must not judge its stored figures now:
+    :data:`UNREACHABLE`, :data:`RETURNING` (its node-unreachable alert is still open and no
+    collection finished since that alert opened), or "" when they may.
+
+    The last collection is stamped with the node's clock; it is put on the centre's with the
+    skew of the node's latest beat. Cost: no query for a node that never beat or is
+    unreachable, else one.
+    """
+    if node.heartbeat_at is None:
+        return ""
+    if is_unreachable(node, now):
+        return UNREACHABLE
+    opened = Alert.objects.filter(node=node, rule=NODE_UNREACHABLE, state__in=OPEN_STATES) \
+        .values_list("started_at", flat=True).first()
+    if opened is None:
+        return ""
+    collected = node.last_collection_at
+    if collected is not None and node.clock_skew_seconds is not None:
+        collected -= timedelta(seconds=node.clock_skew_seconds)
+    return RETURNING if collected is None or collected <= opened else ""

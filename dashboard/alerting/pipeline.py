@@ -1,4 +1,5 @@
-"""After a collection: evaluate the rules, move the alerts, queue their notifications.
+"""After a collection, and for nodes out of contact: evaluate the rules, move the alerts, queue
+their notifications.
 
 The outbox rows are written inside the same transaction as the alert's state change
 (``on_notice``), so a crash between the two can neither lose a notification nor leave an alert
@@ -7,25 +8,48 @@ that fired without one: delivery is at-least-once.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from django.db.models import Q
+
+from collectors.heartbeat import unreachable_after_seconds
 from collectors.models import Event, Node
 from dashboard.alerting.evaluation import evaluate_rules
 from dashboard.alerting.lifecycle import Notice, alert_as_dict, evaluate
-from dashboard.alerting.models import Alert
+from dashboard.alerting.models import OPEN_STATES, Alert
+from dashboard.alerting.rules.node_unreachable import NAME as NODE_UNREACHABLE
 from dashboard.notify.outbox import enqueue
 from dashboard.notify.payloads import build_alert_message
 from dashboard.restarts.unplanned import record_unplanned_restarts
 
 
 def run_alerts(node: Node, now: datetime) -> list[Notice]:
-    """Evaluate every enabled rule for ``node``; one outbox row per notice and channel."""
-    record_unplanned_restarts(node, now)
-    conditions, evaluated = evaluate_rules(node, now)
-    notices = evaluate(node, conditions, now, evaluated_rules=evaluated,
+    """Evaluate every enabled rule for ``node``; one outbox row per notice and channel.
+
+    A node out of contact is held (``dashboard.alerting.evaluation``): only node-unreachable
+    is evaluated, and its stored events are not turned into unplanned restarts nor judged for
+    memory not returned until its figures are current again: judged from samples that stopped
+    when it went silent, its memory would look as if it never came back."""
+    round_ = evaluate_rules(node, now)
+    if not round_.held:
+        record_unplanned_restarts(node, now)
+    notices = evaluate(node, round_.conditions, now, evaluated_rules=round_.evaluated,
                        on_notice=lambda notice: queue_notice(notice, node, now))
     _record_stalls(node, now)
     return notices
+
+
+def nodes_out_of_contact(now: datetime) -> list[Node]:
+    """The nodes the central watch evaluates (``watch_nodes``): every node whose last beat is
+    older than the unreachable bound on the centre's clock ``now``, and every node whose
+    node-unreachable alert is open (so that it resolves when the beats return, even before
+    the node's first collection). Nodes that never beat are judged by their collections.
+    Cost: one query."""
+    silent_since = now - timedelta(seconds=unreachable_after_seconds())
+    open_alerts = Alert.objects.filter(rule=NODE_UNREACHABLE, state__in=OPEN_STATES) \
+        .values("node_id")
+    return list(Node.objects.filter(Q(heartbeat_at__lt=silent_since) | Q(pk__in=open_alerts))
+                .order_by("name"))
 
 
 def queue_notice(notice: Notice, node: Node, now: datetime) -> None:

@@ -1,5 +1,5 @@
-"""Celery adapter for alert evaluation (central queue), and the receiver that queues it after
-every collection."""
+"""Celery adapters for alert evaluation (central queue): after every collection (the receiver
+queues it), and the central watch of nodes out of contact (beat, every heartbeat interval)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from collectors.models import Node
-from dashboard.alerting.pipeline import run_alerts
+from dashboard.alerting.pipeline import nodes_out_of_contact, run_alerts
 from dashboard.notify.tasks import deliver_notifications
-from sparkops.celery import CENTRAL_QUEUE, EVALUATE_ALERTS
+from sparkops.celery import CENTRAL_QUEUE, EVALUATE_ALERTS, WATCH_NODES
 
 
 @shared_task(name=EVALUATE_ALERTS, ignore_result=True)
@@ -30,6 +30,23 @@ def evaluate_alerts(node_name: str) -> int:
     if notices:
         transaction.on_commit(deliver_notifications.delay)
     return len(notices)
+
+
+@shared_task(name=WATCH_NODES, ignore_result=True)
+def watch_nodes() -> int:
+    """Evaluate every node out of contact (``pipeline.nodes_out_of_contact``), every heartbeat
+    interval; returns how many notices were queued.
+
+    Evaluations otherwise follow a node's collections, and a node whose worker died collects
+    nothing: without this its node-unreachable alert would never fire. A node is so reported
+    at most the unreachable bound, plus one interval of this task, plus the evaluations' time,
+    after its last beat.
+    """
+    now = timezone.now()
+    queued = sum(len(run_alerts(node, now)) for node in nodes_out_of_contact(now))
+    if queued:
+        transaction.on_commit(deliver_notifications.delay)
+    return queued
 
 
 def queue_evaluation(sender: Any = None, *, node_name: str, **_: Any) -> None:

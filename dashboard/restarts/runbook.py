@@ -223,7 +223,8 @@ def run_restart(restart_id: int, *, api: docker.DockerClient | None, api_error: 
     container engine is unreachable: the restart is aborted without touching anything.
 
     ``clock`` drives every wait (tests inject one); ``worker`` names the actor in the audit log
-    ("worker:<hostname>" by default); ``margin_bytes`` overrides the 1 %-of-MemTotal margin.
+    ("worker:<hostname>" by default; the node's task passes ``<node>@<hostname>``, which says
+    in a fleet whose agent ran it); ``margin_bytes`` overrides the 1 %-of-MemTotal margin.
     """
     clock = clock or Clock()
     actor = f"worker:{worker or socket.gethostname()}"

@@ -62,7 +62,9 @@ def run_restart_task(restart_id: int) -> str:
         raise WrongNodeError(reason)
     api, api_error = _client()
     try:
-        return run_restart(restart_id, api=api, api_error=api_error).status
+        # The worker as Celery names it (<node>@<host>): in a fleet, which node's agent ran it.
+        return run_restart(restart_id, api=api, api_error=api_error,
+                           worker=f"{here}@{socket.gethostname()}").status
     finally:
         if api is not None:
             api.close()

@@ -66,8 +66,9 @@ def test_unknown_rule_is_an_error(db):
 def test_the_registry_holds_every_rule_once_in_documentation_order():
     assert list(RULES) == ["prefill-squeeze", "predicted-squeeze", "headroom-floor",
                            "fragmentation", "queue-backlog", "prefill-stall", "engine-down",
-                           "overcommit", "unplanned-restart", "restart-failed",
-                           "unexpected-reboot", "memory-not-returned"]
+                           "node-unreachable", "orphan-rank", "overcommit",
+                           "unplanned-restart", "restart-failed", "unexpected-reboot",
+                           "memory-not-returned"]
     assert all(rule.name == name for name, rule in RULES.items())
     assert rule_defaults("unplanned-restart") is RULES["unplanned-restart"]
     assert (RULES["unplanned-restart"].repeat_seconds, RULES["restart-failed"].repeat_seconds) \

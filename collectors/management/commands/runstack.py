@@ -25,7 +25,12 @@ and the work is I/O bound (sleeps, sockets, SQLite), so the stack runs as few of
   around every task. ``--worker-pool prefork`` runs the tasks in processes instead (default
   concurrency 4, about 75 MiB each), for tasks that need isolation from each other.
 * **beat** runs as a thread of the worker (``sparkops.stackworker``); ``--no-beat`` leaves it
-  out, for a fleet where only the central host runs beat.
+  out, for a fleet where only the central host runs beat. Its scheduler
+  (``collectors.fleetbeat``) also publishes the collections of every fleet node whose agent
+  registered it.
+
+``manage.py runagent`` (``bin/sparkops agent``, a fleet node's side) runs the worker alone, on
+its node's queue only, built by the same ``worker_command`` and supervised the same way.
 
 What runs is kept in ``<data dir>/stack-state.json`` by the supervisor (its pid, each process's
 pid and start; removed when the stack stops), for ``manage.py status`` and ``restore``
@@ -85,19 +90,23 @@ def liveness_interval(timeout: float) -> float:
     return min(5.0, timeout / 4)
 
 
-def stack_commands(*, bind: str, node: str, web_workers: int = 1, web_threads: int = 4,
-                   worker_pool: str = "threads", worker_concurrency: int | None = None,
-                   beat: bool = True, log_level: str = "INFO") -> dict[str, list[str]]:
-    """The command line of each process of the stack, by name. ``log_level`` is
-    ``SPARKOPS_LOG_LEVEL``: below DEBUG, no line per request or per task."""
-    python = sys.executable
+def worker_command(*, node: str, queues: list[str], worker_pool: str = "threads",
+                   worker_concurrency: int | None = None, beat: bool = False,
+                   log_level: str = "INFO", fleet_node: bool = False) -> list[str]:
+    """The command line of a node's Celery worker consuming ``queues``, with beat in it when
+    ``beat``: the stack's worker and the agent's (``runagent``) alike. ``log_level`` is
+    ``SPARKOPS_LOG_LEVEL``: below DEBUG, no line per task. ``fleet_node`` (the agent) leaves
+    out Celery's event heartbeats and remote control, which nothing of SparkOps reads, and keeps
+    its unacknowledged messages under its own keys (``sparkops.stackworker.FleetNode``), so
+    that the node's broker user shares as little as kombu allows with other nodes."""
     concurrency = worker_concurrency or DEFAULT_WORKER_CONCURRENCY[worker_pool]
     verbose = log_level == "DEBUG"
     worker = [
-        python, "-m", "celery", "-A", "sparkops.stackworker", *([] if verbose else ["--quiet"]),
+        sys.executable, "-m", "celery", "-A", "sparkops.stackworker",
+        *([] if verbose else ["--quiet"]),
         "worker", "--loglevel", log_level,
         *([] if verbose else ["--quiet-tasks"]),
-        "--queues", ",".join(worker_queues(node)), "--hostname", f"{node}@%h",
+        "--queues", ",".join(queues), "--hostname", f"{node}@%h",
         "--pool", worker_pool, "--concurrency", str(concurrency),
         "--without-mingle", "--without-gossip",
         "--liveness-file", str(liveness_file()),
@@ -106,6 +115,21 @@ def stack_commands(*, bind: str, node: str, web_workers: int = 1, web_threads: i
     ]
     if beat:
         worker += ["--beat-thread", "--schedule-filename", settings.CELERY_BEAT_SCHEDULE_FILENAME]
+    if fleet_node:
+        worker += ["--without-heartbeat", "--fleet-node"]
+    return worker
+
+
+def stack_commands(*, bind: str, node: str, web_workers: int = 1, web_threads: int = 4,
+                   worker_pool: str = "threads", worker_concurrency: int | None = None,
+                   beat: bool = True, log_level: str = "INFO") -> dict[str, list[str]]:
+    """The command line of each process of the stack, by name. ``log_level`` is
+    ``SPARKOPS_LOG_LEVEL``: below DEBUG, no line per request or per task."""
+    python = sys.executable
+    verbose = log_level == "DEBUG"
+    worker = worker_command(node=node, queues=worker_queues(node), worker_pool=worker_pool,
+                            worker_concurrency=worker_concurrency, beat=beat,
+                            log_level=log_level)
     web = [
         python, "-m", "gunicorn", "sparkops.wsgi:application", "--bind", bind,
         "--workers", str(web_workers), "--worker-class", "gthread",
@@ -161,6 +185,15 @@ def _positive(text: str) -> int:
     return value
 
 
+def add_worker_arguments(parser: CommandParser) -> None:
+    """The worker's options, ``--worker-pool`` and ``--worker-concurrency`` (``runstack`` and
+    ``runagent`` alike)."""
+    parser.add_argument("--worker-pool", choices=WORKER_POOLS, default="threads",
+                        help="Celery pool: threads (default) or prefork (one process per slot)")
+    parser.add_argument("--worker-concurrency", type=_positive, default=None,
+                        help="Celery pool slots (default 8 threads, or 4 prefork processes)")
+
+
 class Command(BaseCommand):
     help = ("Run gunicorn and the Celery worker of this node with beat in it, supervised "
             "together: restarted when they crash or fall silent (see the module's docstring).")
@@ -172,11 +205,7 @@ class Command(BaseCommand):
                             help="gunicorn worker processes (default 1)")
         parser.add_argument("--web-threads", type=_positive, default=4,
                             help="threads per gunicorn worker (default 4)")
-        parser.add_argument("--worker-pool", choices=WORKER_POOLS, default="threads",
-                            help="Celery pool: threads (default) or prefork (one process per "
-                                 "slot)")
-        parser.add_argument("--worker-concurrency", type=_positive, default=None,
-                            help="Celery pool slots (default 8 threads, or 4 prefork processes)")
+        add_worker_arguments(parser)
         parser.add_argument("--no-beat", action="store_true",
                             help="for a fleet: only one node (or the central host) runs beat")
 

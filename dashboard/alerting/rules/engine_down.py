@@ -1,6 +1,7 @@
 """Engine down: an engine's container is not running, its startup failed, or it stopped
 answering what its kind is read from (vLLM's ``/metrics``, llama-server's or Ollama's API; not
-while it is still starting)."""
+while it is still starting). A headless rank of an engine spread over nodes serves no API
+(``collectors.spanning``): it is judged by its container alone."""
 
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ def _down_reason(engine: Engine) -> str:
         return ""
     if engine.container_state != "running":
         return f"container {engine.container_state} (exit code {engine.exit_code})"
+    if (engine.span or {}).get("serves_api") is False:
+        return ""  # a headless rank: no API to answer, and its start-up never logs "ready"
     if engine.phase == "failed":
         errors = (engine.startup or {}).get("errors") or []
         return f"startup failed: {errors[0]['message']}" if errors else "startup failed"
