@@ -33,9 +33,9 @@ from collectors.heartbeat import contact_age_seconds, is_unreachable, unreachabl
 from collectors.models import Engine, Node
 from collectors.sampling import stale_after
 from dashboard.alerting.models import Alert, AlertState
-from dashboard.alerting.rules.node_unreachable import age_text
 from dashboard.alerting.settings import prefill_margin_bytes
 from dashboard.drift import DriftRow, Finding, drift_findings, drift_table
+from sparkops.timetext import age_text
 from sparkops.units import UNKNOWN, fixed_gib_text
 
 SEVERITIES = ("critical", "warning", "info")

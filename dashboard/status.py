@@ -28,7 +28,7 @@ from sparkops.stackstate import (
     state_file,
     systemd_state,
 )
-from sparkops.timetext import moment_text
+from sparkops.timetext import age_text, moment_text
 from sparkops.version import VERSION
 
 
@@ -36,21 +36,6 @@ from sparkops.version import VERSION
 class StatusReport:
     lines: list[str]
     ready: bool
-
-
-def age_text(seconds: float) -> str:
-    """``4 s``, ``3 min 20 s``, ``2 h 5 min``, ``3 d 4 h``."""
-    seconds = max(int(seconds), 0)
-    if seconds < 60:
-        return f"{seconds} s"
-    minutes, seconds = divmod(seconds, 60)
-    if minutes < 60:
-        return f"{minutes} min {seconds} s" if seconds else f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h" if hours else f"{days} d"
 
 
 def when_text(at: datetime, now: datetime) -> str:

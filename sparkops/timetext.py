@@ -84,3 +84,19 @@ def same_clock(at: datetime, zone: tzinfo, other: tzinfo) -> bool:
     """Whether ``at`` reads the same in both zones (same offset and label at that moment)."""
     one, two = at.astimezone(zone), at.astimezone(other)
     return one.utcoffset() == two.utcoffset() and zone_label(one) == zone_label(two)
+
+
+def age_text(seconds: float) -> str:
+    """A length of time for people, to the second: ``4 s``, ``3 min 20 s``, ``2 h 5 min``,
+    ``3 d 4 h`` (how long ago a node was last heard from, how old a collection is)."""
+    seconds = max(int(seconds), 0)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s" if seconds else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h" if hours else f"{days} d"

@@ -32,9 +32,10 @@ from django.utils import timezone
 
 from collectors.models import Collection, Node
 from dashboard.notify.models import Channel, Notification
-from dashboard.status import age_text, status_report
+from dashboard.status import status_report
 from sparkops import backup as backups
 from sparkops.stackstate import read_stack_state, running_reason, started_ticks
+from sparkops.timetext import age_text
 from tests.conftest import PROJECT, subprocess_env
 
 FIXTURE_0_1_0 = PROJECT / "tests" / "fixtures" / "releases" / "sparkops-0.1.0.sqlite3"

@@ -83,11 +83,30 @@ def postgres_snapshot(url: str) -> Snapshot:
     return snapshot
 
 
+# What the node's own worker reads from the machine and writes again when it starts (it
+# registers its node, collectors.registration): these move on purpose, the rest must not.
+REREAD_AT_START = {"collectors_node": {"hostname", "mem_total_bytes"}}
+
+
+def _projection(rows: Counter, positions: list[int]) -> Counter:
+    """``rows`` cut down to the columns at ``positions``, rows that become equal counted
+    together."""
+    projected: Counter = Counter()
+    for row, count in rows.items():
+        projected[tuple(row[i] for i in positions)] += count
+    return projected
+
+
 def lost_rows(before: Snapshot, after: Snapshot) -> list[str]:
     """Every row of ``before`` that ``after`` no longer has with the same values in the columns
-    ``before`` had (rows and columns ``after`` added are fine), as readable lines."""
+    ``before`` had (rows and columns ``after`` added are fine; the columns of
+    :data:`REREAD_AT_START` are not compared), as readable lines."""
     lost = []
-    for table, (columns, rows) in sorted(before.items()):
+    for table, (all_columns, all_rows) in sorted(before.items()):
+        reread = REREAD_AT_START.get(table, set())
+        kept = [i for i, column in enumerate(all_columns) if column not in reread]
+        columns = [all_columns[i] for i in kept]
+        rows = _projection(all_rows, kept)
         if table not in after:
             lost.append(f"{table}: the table is gone ({sum(rows.values())} rows)")
             continue
@@ -97,7 +116,7 @@ def lost_rows(before: Snapshot, after: Snapshot) -> list[str]:
             lost.append(f"{table}: columns gone: {missing}")
             continue
         positions = [now_columns.index(column) for column in columns]
-        projected = Counter({tuple(row[i] for i in positions): n for row, n in now_rows.items()})
+        projected = _projection(now_rows, positions)
         for row in (rows - projected).elements():
             lost.append(f"{table}: {dict(zip(columns, row, strict=True))}")
     return lost

@@ -42,14 +42,16 @@ class Evaluation:
     held: str = ""
 
 
-def evaluate_rules(node: Node, now: datetime) -> Evaluation:
+def evaluate_rules(node: Node, now: datetime, *, held: str | None = None) -> Evaluation:
     """Every enabled rule's conditions for ``node``, and the set of rules evaluated; only
-    node-unreachable while the node is held (:func:`contact_hold`).
+    node-unreachable while the node is held (:func:`contact_hold`, unless the caller passes
+    what it found).
 
     Cost: one query for the settings of every rule and one for the engines, plus each rule's
     own queries; for a node that beats, one more for its open node-unreachable alert.
     """
-    held = contact_hold(node, now)
+    if held is None:
+        held = contact_hold(node, now)
     ledger = node.ledger or {}
     engines = list(Engine.objects.filter(node=node, present=True))
     settings = all_rule_settings()

@@ -14,7 +14,7 @@ from django.db.models import Q
 
 from collectors.heartbeat import unreachable_after_seconds
 from collectors.models import Event, Node
-from dashboard.alerting.evaluation import evaluate_rules
+from dashboard.alerting.evaluation import contact_hold, evaluate_rules
 from dashboard.alerting.lifecycle import Notice, alert_as_dict, evaluate
 from dashboard.alerting.models import OPEN_STATES, Alert
 from dashboard.alerting.rules.node_unreachable import NAME as NODE_UNREACHABLE
@@ -30,9 +30,10 @@ def run_alerts(node: Node, now: datetime) -> list[Notice]:
     is evaluated, and its stored events are not turned into unplanned restarts nor judged for
     memory not returned until its figures are current again: judged from samples that stopped
     when it went silent, its memory would look as if it never came back."""
-    round_ = evaluate_rules(node, now)
-    if not round_.held:
+    held = contact_hold(node, now)
+    if not held:  # first: the rules read the restarts it records
         record_unplanned_restarts(node, now)
+    round_ = evaluate_rules(node, now, held=held)
     notices = evaluate(node, round_.conditions, now, evaluated_rules=round_.evaluated,
                        on_notice=lambda notice: queue_notice(notice, node, now))
     _record_stalls(node, now)

@@ -28,7 +28,7 @@ from collectors.heartbeat import contact_age_seconds, interval_seconds, unreacha
 from collectors.models import Engine, Node
 from dashboard.alerting.conditions import Condition
 from dashboard.alerting.rules.base import Rule
-from sparkops.timetext import moment_text
+from sparkops.timetext import age_text, moment_text
 
 NAME = "node-unreachable"
 
@@ -61,21 +61,6 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
             "clock_skew_seconds": node.clock_skew_seconds,
         },
     )]
-
-
-def age_text(seconds: float) -> str:
-    """An age for people: "45 s", "3 min 5 s", "2 h 5 min", "3 d 4 h"."""
-    whole = max(int(round(seconds)), 0)
-    if whole < 60:
-        return f"{whole} s"
-    minutes, rest = divmod(whole, 60)
-    if minutes < 60:
-        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h" if hours else f"{days} d"
 
 
 RULE = Rule(
