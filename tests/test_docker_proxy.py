@@ -235,6 +235,7 @@ def test_sparkops_reads_stops_and_starts_a_managed_engine_through_the_proxy(
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # the runbook judges the host's own MemAvailable, as in its own tests
 @pytest.mark.django_db
 def test_a_planned_restart_runs_every_step_through_the_proxy(node, proxy, through_proxy,
                                                             tmp_path, settings):

@@ -38,7 +38,9 @@ from tests.conftest import PROJECT
 from tests.containers import PODMAN, TEST_LABEL
 from tests.restarts.runbook_helpers import BIN, collect_until_ready, refresh_ledger
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+# alone: the runbook judges the host's own MemAvailable (whether a stopped engine's memory
+# came back, whether the next start fits), which engines of tests beside it would move.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db, pytest.mark.alone]
 
 MIB = 1024**2
 IMAGE = "localhost/sparkops-test-hostusr:latest"

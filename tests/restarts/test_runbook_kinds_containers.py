@@ -22,7 +22,9 @@ from tests.restarts.runbook_helpers import (
 )
 from tests.restarts.runbook_helpers import start_engine as start_real_engine
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+# alone: the runbook judges the host's own MemAvailable (whether a stopped engine's memory
+# came back, whether the next start fits), which engines of tests beside it would move.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db, pytest.mark.alone]
 MIB = 1024**2
 POLL = 0.2
 # Steps that must succeed whatever the machine: the page-cache drop needs root and a cooldown
