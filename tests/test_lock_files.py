@@ -226,11 +226,11 @@ def _fake_venv(tmp_path: Path) -> Path:
     return venv
 
 
-def _run(venv: Path, *args: str) -> list[str]:
+def _run(venv: Path, *args: str, env: dict[str, str] | None = None) -> list[str]:
     """bin/sparkops ARGS with the fake venv; the stand-in Python's calls, one per line."""
     calls = venv / "calls"
     calls.unlink(missing_ok=True)
-    env = {**os.environ, "SPARKOPS_VENV": str(venv)}
+    env = {**os.environ, "SPARKOPS_VENV": str(venv), **(env or {})}
     subprocess.run([str(PROJECT / "bin" / "sparkops"), *args], env=env, check=True,
                    capture_output=True, timeout=60)
     return calls.read_text().splitlines() if calls.exists() else []
@@ -254,12 +254,12 @@ def test_bin_sparkops_installs_each_lock_with_hashes_once(tmp_path):
     assert not any("pip" in call for call in _run(venv, "start"))  # installed: nothing to do
 
     tested = _run(venv, "test", "-q")
-    # Side by side in one worker more than the cores (at least three), then the tests
-    # that must run by themselves.
-    workers = max(3, len(os.sched_getaffinity(0)) + 1)  # as `nproc` counts
     assert tested == ["-m pip install --quiet --require-hashes -r requirements-test.lock",
-                      f"-m pytest -n {workers} --dist loadfile --alone=skip -q",
-                      "-m pytest -p no:xdist --alone=only -q"]
+                      "-m pytest -q"]
+    # Side by side when asked: the workers, then the tests that must run by themselves.
+    side_by_side = _run(venv, "test", "-q", env={"SPARKOPS_TEST_WORKERS": "3"})
+    assert side_by_side == ["-m pytest -n 3 --dist loadfile --alone=skip -q",
+                            "-m pytest -p no:xdist --alone=only -q"]
     assert stamp.read_text().splitlines() == [_stamp_line(RUNTIME_LOCK), _stamp_line(TEST_LOCK)]
     # The test lock holds the runtime lock's pins: neither needs installing again.
     assert not any("pip" in call for call in _run(venv, "test", "-q") + _run(venv, "start"))
