@@ -324,8 +324,7 @@ def _components(ledger: Ledger) -> dict[str, tuple[int | None, int | None, str]]
     for share in ledger.engines:
         parts[f"engine:{share.engine_id}:kv_pool"] = (share.kv_pool, share.engine_id,
                                                       f"{share.name}'s KV pool")
-        parts[f"engine:{share.engine_id}:non_kv"] = (share.non_kv, share.engine_id,
-                                                     f"{share.name}'s non-KV memory")
+        parts[f"engine:{share.engine_id}:non_kv"] = _beyond_pool(share)
         if share.loaded_models is not None:
             held = ", ".join(share.loaded_model_names) or "none loaded"
             parts[f"engine:{share.engine_id}:loaded_models"] = (
@@ -334,6 +333,21 @@ def _components(ledger: Ledger) -> dict[str, tuple[int | None, int | None, str]]
         parts[f"process:{process['name']}"] = (process["rss_bytes"], None,
                                                f"process {process['name']}")
     return parts
+
+
+def _beyond_pool(share: EngineShare) -> tuple[int | None, int | None, str]:
+    """What an engine holds beyond its KV pool, as a ledger component.
+
+    While its pool is not reported (an engine still loading weights and allocating it, or a
+    kind that never reports one), everything it holds is told as this one part: a neighbour's
+    start that takes the room is then a cause before its pool is known, not invisible. Once the
+    pool is reported the part falls back to what lies beyond it, and over a look-back the two
+    moves net out (``dashboard.alerting.rules.prefill_squeeze.causes``). Not for an engine that
+    reports whole loaded models instead (Ollama): those are its own part.
+    """
+    if share.kv_pool is None and share.loaded_models is None and share.actual is not None:
+        return share.actual, share.engine_id, f"{share.name}'s memory (KV pool not reported)"
+    return share.non_kv, share.engine_id, f"{share.name}'s non-KV memory"
 
 
 def record_changes(node: Node, ledger: Ledger, now: datetime) -> list[LedgerChange]:

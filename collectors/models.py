@@ -428,7 +428,9 @@ class Event(models.Model):
 class LedgerChange(models.Model):
     """A ledger component that moved by more than the node's change threshold.
 
-    Components: ``kv_pool`` and ``non_kv`` of an engine, ``page_cache``, or ``process:<name>``.
+    Components: ``kv_pool`` and ``non_kv`` of an engine (``non_kv`` is all it holds while its
+    pool is not reported: ``collectors.ledger._beyond_pool``), ``loaded_models``, ``page_cache``,
+    or ``process:<name>``.
     Alert causes are read from these rows ("B's KV pool went 8 → 24 GiB at 14:02").
     """
 

@@ -77,6 +77,34 @@ def test_a_neighbour_restarting_with_a_bigger_pool_is_recorded_as_a_change(node)
     assert node.ledger["engines"][1]["kv_pool"] == 24 * GIB
 
 
+def test_a_neighbour_loading_before_its_pool_is_reported_is_a_change_and_nets_out_later(node):
+    from dashboard.alerting.rules.prefill_squeeze import causes
+
+    victim, b = _engine(node, "a", 8.0), _engine(node, "b", 8.0, memory_usage_bytes=9 * GIB)
+    record_changes(node, build_ledger(node, T0, FIGURES, [victim, b], []), T0)
+    # b is recreated: still loading, its new pool not reported, its cgroup already 25 GiB.
+    b.phase, b.startup, b.memory_usage_bytes = "loading", {}, 25 * GIB
+    b.save()
+    loading = T0 + timedelta(minutes=1)
+    changes = record_changes(node, build_ledger(node, loading, FIGURES, [victim, b], []),
+                             loading)
+
+    assert [(c.label, c.before_bytes, c.after_bytes) for c in changes] == [
+        ("b's memory (KV pool not reported)", 1 * GIB, 25 * GIB)]
+    assert causes(node, victim, loading, 30)[0]["growth_bytes"] == 24 * GIB
+
+    # Its pool is reported: the memory beyond it falls back, the pool grew; over the look-back
+    # the cause is the pool alone.
+    b.phase, b.startup = "ready", {"weights_gib": 15.5, "kv_cache_gib": 24.0}
+    b.save()
+    ready = T0 + timedelta(minutes=2)
+    record_changes(node, build_ledger(node, ready, FIGURES, [victim, b], []), ready)
+
+    found = causes(node, victim, ready, 30)
+    assert [(c["label"], c["before_bytes"], c["after_bytes"]) for c in found] == [
+        ("b's KV pool", 8 * GIB, 24 * GIB)]
+
+
 def test_small_moves_are_not_changes(node, settings):
     settings.SPARKOPS_LEDGER_CHANGE_FRACTION = 0.005  # 0.6 GiB on 121.69 GiB
     processes = [ProcessGroup("postgres", 2 * GIB, 4)]

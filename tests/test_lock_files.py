@@ -230,7 +230,8 @@ def _run(venv: Path, *args: str, env: dict[str, str] | None = None) -> list[str]
     """bin/sparkops ARGS with the fake venv; the stand-in Python's calls, one per line."""
     calls = venv / "calls"
     calls.unlink(missing_ok=True)
-    env = {**os.environ, "SPARKOPS_VENV": str(venv), **(env or {})}
+    inherited = {k: v for k, v in os.environ.items() if k != "SPARKOPS_TEST_WORKERS"}
+    env = {**inherited, "SPARKOPS_VENV": str(venv), **(env or {})}
     subprocess.run([str(PROJECT / "bin" / "sparkops"), *args], env=env, check=True,
                    capture_output=True, timeout=60)
     return calls.read_text().splitlines() if calls.exists() else []
@@ -253,13 +254,17 @@ def test_bin_sparkops_installs_each_lock_with_hashes_once(tmp_path):
 
     assert not any("pip" in call for call in _run(venv, "start"))  # installed: nothing to do
 
+    # Side by side by default: one worker more than the CPUs (2 to 4), then the tests that must
+    # run by themselves.
+    workers = min(max(os.sysconf("SC_NPROCESSORS_ONLN") + 1, 2), 4)
     tested = _run(venv, "test", "-q")
     assert tested == ["-m pip install --quiet --require-hashes -r requirements-test.lock",
-                      "-m pytest -q"]
-    # Side by side when asked: the workers, then the tests that must run by themselves.
-    side_by_side = _run(venv, "test", "-q", env={"SPARKOPS_TEST_WORKERS": "3"})
-    assert side_by_side == ["-m pytest -n 3 --dist loadfile --alone=skip -q",
-                            "-m pytest -p no:xdist --alone=only -q"]
+                      f"-m pytest -n {workers} --dist loadfile --alone=skip -q",
+                      "-m pytest -p no:xdist --alone=only -q"]
+    assert _run(venv, "test", "-q", env={"SPARKOPS_TEST_WORKERS": "3"}) == [
+        "-m pytest -n 3 --dist loadfile --alone=skip -q", "-m pytest -p no:xdist --alone=only -q"]
+    # In one process when asked.
+    assert _run(venv, "test", "-q", env={"SPARKOPS_TEST_WORKERS": "0"}) == ["-m pytest -q"]
     assert stamp.read_text().splitlines() == [_stamp_line(RUNTIME_LOCK), _stamp_line(TEST_LOCK)]
     # The test lock holds the runtime lock's pins: neither needs installing again.
     assert not any("pip" in call for call in _run(venv, "test", "-q") + _run(venv, "start"))
