@@ -365,6 +365,11 @@ SPARKOPS_RESTART_HEARTBEAT_STALE_SECONDS = env_float("SPARKOPS_RESTART_HEARTBEAT
 SPARKOPS_RESTART_DEADLINE_FACTOR = env_float("SPARKOPS_RESTART_DEADLINE_FACTOR", 1.5, minimum=1)
 SPARKOPS_RESTART_MIN_DEADLINE_SECONDS = env_float("SPARKOPS_RESTART_MIN_DEADLINE_SECONDS", 900,
                                                   minimum=1)
+# A restart of an engine that spans nodes runs a part on every rank's node; each waits at most
+# this long for the others at each of their meeting points (dashboard.restarts.groups), on top
+# of the time the awaited step itself may take.
+SPARKOPS_RESTART_GROUP_WAIT_SECONDS = env_float("SPARKOPS_RESTART_GROUP_WAIT_SECONDS", 300,
+                                                minimum=1)
 
 # --- exports and demo ----------------------------------------------------------------------------
 # SparkOps' own /metrics and read-only JSON API answer a bearer token (set one to enable them)

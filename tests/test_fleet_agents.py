@@ -114,7 +114,13 @@ class Fleet:
         self.processes.clear()
 
     def log(self, name: str) -> str:
-        return (self.tmp / f"{name}.log").read_text(errors="replace")
+        path = self.tmp / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else "(not started)"
+
+    def signed_in_get(self, path: str) -> str:
+        """A page of the centre, signed in as its admin."""
+        base = f"http://127.0.0.1:{self.port}"
+        return sign_in(base, PASSWORD, node=None).get(f"{base}{path}", timeout=30).text
 
     # --- containers --------------------------------------------------------------------------
 

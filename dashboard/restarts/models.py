@@ -105,6 +105,11 @@ class Restart(models.Model):
     # margin it was checked with), "accept_squeeze" (the admin accepted a predicted squeeze),
     # "planned" (the fit planner's after-ledger as planned: change.ledger_summary).
     change = models.JSONField(default=dict, blank=True)
+    # A restart of an engine that spans nodes is one restart of its head with one part per
+    # rank on the rank's node (dashboard.restarts.groups): each part points at the head's row.
+    # The head's row is the engine's one outage; a part never stands alone.
+    part_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE,
+                                related_name="parts")
 
     class Meta:
         db_table = "dashboard_restart"

@@ -53,6 +53,7 @@ from dashboard.restarts.change import (
     refusal_at_planning,
     shown_command,
 )
+from dashboard.restarts.groups import rank_refusal, ranks_to_restart
 from dashboard.restarts.models import DEFAULT_STARTUP_SECONDS, Restart, RestartWindow
 from dashboard.restarts.windows import (
     WindowOccurrence,
@@ -227,10 +228,19 @@ def cancel_restart(restart: Restart, user: Any, *, now: datetime | None = None) 
     now = now or timezone.now()
     try:
         _require_permission(user)
-        cancelled = Restart.objects.filter(pk=restart.pk, status=Restart.Status.SCHEDULED).update(
-            status=Restart.Status.CANCELLED, finished_at=now,
-            outcome=f"cancelled by {_name(user)}",
-        )
+        if restart.part_of_id is not None:
+            raise PlanRefused(f"this restart is the part on {restart.node.name} of restart "
+                              f"#{restart.part_of_id} of an engine that spans nodes; cancel "
+                              "that one, and its parts are cancelled with it")
+        with transaction.atomic():
+            cancelled = Restart.objects.filter(pk=restart.pk, status=Restart.Status.SCHEDULED) \
+                .update(status=Restart.Status.CANCELLED, finished_at=now,
+                        outcome=f"cancelled by {_name(user)}")
+            if cancelled:
+                Restart.objects.filter(part_of=restart, status=Restart.Status.SCHEDULED).update(
+                    status=Restart.Status.CANCELLED, finished_at=now,
+                    outcome=f"cancelled by {_name(user)} with its head's restart "
+                            f"#{restart.pk}")
         restart.refresh_from_db()
         if not cancelled:
             raise PlanRefused(f"only a scheduled restart can be cancelled; this one is "
@@ -328,6 +338,7 @@ def _plan(engine: Engine, *, user: Any, start: datetime | None, window: RestartW
         raise PlanRefused(f"{engine.name} is not present on {engine.node.name}: its container is "
                           "gone")
     _refuse_second_open_plan(engine)
+    ranks = _ranks_with(engine, change)
     stored_change = check_change(engine, change) if change is not None else {}
     queued = _fitting_slot(engine, start, window, now)
     slot = queued.slot
@@ -339,11 +350,36 @@ def _plan(engine: Engine, *, user: Any, start: datetime | None, window: RestartW
         expected_startup_seconds=queued.outage.startup_seconds,
         expected_back_by=queued.outage.back_by, change=stored_change,
     )
+    parts = [Restart.objects.create(
+        node=rank.node, engine=rank, kind=Restart.Kind.PLANNED, status=Restart.Status.SCHEDULED,
+        requested_at=now, requested_by=restart.requested_by, reason=reason,
+        scheduled_for=restart.scheduled_for, expected_drain_seconds=restart.expected_drain_seconds,
+        expected_startup_seconds=restart.expected_startup_seconds,
+        expected_back_by=restart.expected_back_by, part_of=restart) for rank in ranks]
+    spanning = {"parts": [{"restart": p.pk, "engine": p.engine.name, "node": p.node.name}
+                          for p in parts]} if parts else {}
     audit(PLAN_ACTION, allowed=True, user=user, node=engine.node, engine=engine, restart=restart,
           outcome=f"scheduled for {restart.scheduled_for.isoformat()}",
           details={**_asked(start, window), **queued.as_details(), **_asked_change(change),
-                   **_planned_verdict(stored_change)})
+                   **_planned_verdict(stored_change), **spanning})
     return restart
+
+
+def _ranks_with(engine: Engine, change: FlagChange | None) -> list[Engine]:
+    """The ranks that restart with ``engine`` (dashboard.restarts.groups): none for an engine
+    on one node; refused for a rank whose head is present, for a head with a rank that cannot
+    restart, and for a change of flags, which is not planned across nodes."""
+    refused = rank_refusal(engine)
+    if refused:
+        raise PlanRefused(refused)
+    ranks, why = ranks_to_restart(engine)
+    if why:
+        raise PlanRefused(f"{engine.name} spans nodes and {why}")
+    if ranks and change is not None:
+        raise PlanRefused(f"{engine.name} spans nodes: a change of its flags is not planned "
+                          "here (every rank's command would change with it); recreate its "
+                          "containers with the new flags and plan a restart without a change")
+    return ranks
 
 
 @dataclass(frozen=True)

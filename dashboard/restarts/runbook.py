@@ -156,6 +156,20 @@ from dashboard.restarts.fit import (
     startup_deadline_seconds,
     with_need,
 )
+from dashboard.restarts.groups import (
+    HEAD_ENDED,
+    HEAD_STARTED,
+    HEAD_STOPPED,
+    PARTS,
+    PARTS_PRECHECKED,
+    PARTS_RECHECKED,
+    PARTS_RUNNING,
+    PARTS_STOPPED,
+    Barrier,
+    Group,
+    GroupEnded,
+    wait_until,
+)
 from dashboard.restarts.models import Restart, RestartStep
 from dashboard.restarts.pagecache import (
     DROP_TIMEOUT_SECONDS,
@@ -191,6 +205,10 @@ _NOT_YET_SIZED = {"loading", "profiling"}
 # its KV pool yet), and drops the page cache at most this often per start.
 _GUARDED_PHASES = {"unknown", "loading", "profiling"}
 GUARD_MAX_INTERVENTIONS = 3
+# A rank of an engine that spans nodes reports no readiness of its own (a headless rank serves
+# no API): its container that stays up this long after its start runs again; one that exits
+# sooner failed its start. The engine is ready when its head is.
+RANK_SETTLE_SECONDS = 3.0
 MEMORY_NOT_RETURNED = "memory-not-returned"
 # What "free" is in each room the guarded start watches.
 FREE_WORDS = {HOST: "MemFree", BUDGET: "the memory budget's free room"}
@@ -362,18 +380,30 @@ class _Run:
         self.memory_return: dict[str, Any] | None = None
         self.guard: _Guard | None = None
         self.need = 0
+        # The restart group of an engine that spans nodes (None: an engine on one node), and
+        # what this run waited for in it (kept in ``after``).
+        self.group = Group.of(restart)
+        self.group_waits: list[dict[str, Any]] = []
+        self.started_container = False
 
     # -- the sequence --------------------------------------------------------------------------
 
     def execute(self) -> None:
         try:
             need, running = self.precheck()
+            self.meet(PARTS_PRECHECKED)
+            self.meet(HEAD_STOPPED)
             self.drain(running)
             self.stop(running)
+            self.meet(PARTS_STOPPED)
             self.drop_caches()
             self.recheck(need)
+            self.meet(PARTS_RECHECKED)
+            self.meet(HEAD_STARTED)
             started = self.start()
             self.follow(started)
+            self.meet(PARTS_RUNNING)
+            self.meet(HEAD_ENDED)
         except _Finish as end:
             self.finish(end.status, end.outcome)
         except RestartLost as lost:
@@ -652,6 +682,7 @@ class _Run:
                 verb = "recreate" if recreate else "start"
                 raise _Finish(Restart.Status.FAILED, f"Could not {verb} {self.engine.name}: "
                               f"{error}.") from None
+            self.started_container = True
             if recreate:
                 self._audit(action, True, f"recreated with the new command as "
                             f"{self.engine.container_id[:12]} ({status.state}); the old "
@@ -731,12 +762,13 @@ class _Run:
                     if startup.phase != "unknown":  # nothing logged yet is not a phase
                         self._note_phase(note, phases, startup.phase, elapsed)
                 self.guard_start(note, startup)
-                failure = self._startup_failure(status, startup, elapsed, started)
+                failure = self._startup_failure(status, startup, elapsed, started) \
+                    or self._group_failure()
                 if failure:
                     failure += self.after_failed_recreation(status)
                     note.done(failure, ok=False)
                     raise _Finish(Restart.Status.FAILED, failure)
-                if status is not None and status.running and self._ready(startup):
+                if status is not None and status.running and self._ready(startup, elapsed):
                     self.startup_seconds = round(elapsed, 2)
                     self._note_phase(note, phases, "ready", elapsed)
                     note.done(f"ready after {elapsed:.1f} s", startup_seconds=self.startup_seconds)
@@ -856,15 +888,19 @@ class _Run:
             after = self._snapshot(info, capacity)
             if self.memory_return is not None:
                 after["memory_return"] = self.memory_return
+            if self.group is not None:
+                after["group"] = note.data["group"] = self._group_record()
             flags = self._flags_after() if self.change else None
             if flags is not None:
                 note.data["flags"] = flags
                 if status in (Restart.Status.SUCCEEDED, Restart.Status.FAILED):
                     outcome = f"{outcome} {flags['text']}"
             now = self.clock.wall()
+            # A rank's start is not a startup of the engine: its readiness is its head's.
+            measured = self.startup_seconds if self.group is None or self.group.is_head else None
             Restart.objects.filter(pk=self.restart.pk, status=Restart.Status.RUNNING).update(
                 status=status, outcome=outcome, finished_at=now, container_state=state,
-                after=after, startup_seconds=self.startup_seconds)
+                after=after, startup_seconds=measured)
             note.done(f"{status}: {outcome}", ok=status == Restart.Status.SUCCEEDED,
                       status=status, container=state)
         severity = {Restart.Status.SUCCEEDED: Event.Severity.INFO,
@@ -893,6 +929,70 @@ class _Run:
         intended, text = runs_intended(words, self.change["command"])
         return {"runs_intended": intended, "command": mask_command(words),
                 "text": f"{text[:1].upper()}{text[1:]}."}
+
+    # -- an engine that spans nodes ---------------------------------------------------------------
+
+    def meet(self, barrier: Barrier) -> None:
+        """Wait for the other members of this run's group at ``barrier`` (the head at the
+        parts' barriers, a part at its head's); nothing for an engine on one node. Ends the
+        run ``aborted`` (``failed`` once its container was started again) when another member
+        ended badly or did not come within the limit."""
+        group = self.group
+        if group is None or (barrier.on == PARTS) != group.is_head:
+            return
+        since = self.clock.wall()
+        try:
+            waited = wait_until(group, barrier, limit=self._group_limit(barrier),
+                                mono=self.clock.mono, pause=self._pause, poll=self.poll)
+        except (GroupEnded, TimeoutError) as ended:
+            self.group_waits.append({"barrier": barrier.name, "since": since.isoformat(),
+                                     "met": False, "why": str(ended)})
+            status = Restart.Status.FAILED if self.started_container else Restart.Status.ABORTED
+            raise _Finish(status, f"{str(ended)[:1].upper()}{str(ended)[1:]}; "
+                          f"{self._left_words()}.") from None
+        self.group_waits.append({"barrier": barrier.name, "since": since.isoformat(),
+                                 "met": True, "waited_seconds": round(waited, 1)})
+
+    def _group_limit(self, barrier: Barrier) -> float:
+        """How long a barrier may take: the group wait, plus what the awaited step may take
+        of the head (its re-check's waits before it starts, its startup deadline before it
+        ends)."""
+        limit = settings.SPARKOPS_RESTART_GROUP_WAIT_SECONDS
+        if barrier is HEAD_STARTED:
+            limit += (settings.SPARKOPS_MEMORY_RETURN_GRACE_SECONDS
+                      + settings.SPARKOPS_RESTART_MIN_DEADLINE_SECONDS)
+        elif barrier is HEAD_ENDED:
+            limit += startup_deadline_seconds(self.restart.expected_startup_seconds)
+        return limit
+
+    def _group_failure(self) -> str:
+        """While the head follows its start: why the engine cannot serve because a rank's
+        restart ended badly ("" while none did, and for a part)."""
+        if self.group is None or not self.group.is_head:
+            return ""
+        try:
+            self.group.raise_if_ended()
+        except GroupEnded as ended:
+            return f"{str(ended)[:1].upper()}{str(ended)[1:]}; the engine cannot serve without it."
+        return ""
+
+    def _pause(self, seconds: float) -> None:
+        self.heartbeat()
+        self.clock.sleep(seconds)
+
+    def _left_words(self) -> str:
+        """The state this run leaves its container in, for an outcome."""
+        if self.started_container:
+            return f"{self.engine.name} was started again and is left as it is"
+        if self.stopped_wall is not None:
+            return f"{self.engine.name} is left stopped"
+        return "nothing was touched"
+
+    def _group_record(self) -> dict[str, Any]:
+        group = self.group
+        assert group is not None
+        return {"role": "head" if group.is_head else "rank", "head": group.head_id,
+                "parts": list(group.part_ids), "waits": list(self.group_waits)}
 
     # -- step plumbing -------------------------------------------------------------------------
 
@@ -1131,10 +1231,13 @@ class _Run:
                     "left as it is.")
         return ""
 
-    def _ready(self, startup: Any) -> bool:
+    def _ready(self, startup: Any, elapsed: float = 0.0) -> bool:
         """Ready when the kind's health endpoint answers 200 (vLLM's and llama.cpp's
         ``/health``, Ollama's ``/api/version``); without a known address, when the log says
-        so."""
+        so. A rank of an engine that spans nodes: once its container stayed up
+        :data:`RANK_SETTLE_SECONDS` (its engine serves when its head does)."""
+        if self.group is not None and not self.group.is_head:
+            return elapsed >= RANK_SETTLE_SECONDS
         url = self.engine.metrics_url
         if not url:
             return startup is not None and startup.phase == "ready"
@@ -1181,6 +1284,11 @@ class _Run:
                 **capacity}
 
     def _success_outcome(self) -> str:
+        if self.group is not None and not self.group.is_head:
+            head = Restart.objects.get(pk=self.group.head_id)
+            return (f"Its container runs again {self.startup_seconds:.1f} s after the start; "
+                    f"the engine is ready: the restart of its head {head.engine.name} on "
+                    f"{head.node.name} (#{head.pk}) succeeded.")
         capacity = self._capacity(self.new_log.as_dict() if self.new_log else {}, {})
         kv = capacity["kv_cache_gib"]
         tokens = capacity["kv_cache_tokens"]

@@ -100,7 +100,11 @@ def restarts(request: HttpRequest) -> HttpResponse:
         nodes.filter(restarts__status__in=OPEN_STATUSES).distinct())
     queues = [(node, [_queue_row(entry) for entry in queue_forecast(node, now)])
               for node in open_nodes]
-    finished = listed.exclude(status__in=OPEN_STATUSES).order_by("-requested_at", "-pk")
+    # A restart of an engine that spans nodes is one outage: its head's row, with its parts on
+    # the ranks' nodes under it (dashboard.restarts.groups).
+    finished = (listed.exclude(status__in=OPEN_STATUSES).filter(part_of__isnull=True)
+                .prefetch_related("parts__node", "parts__engine")
+                .order_by("-requested_at", "-pk"))
     return render(request, "restarts/restarts.html", {
         "nodes": nodes,
         "chosen": chosen,
@@ -109,7 +113,7 @@ def restarts(request: HttpRequest) -> HttpResponse:
         "queues": [(node, rows) for node, rows in queues if rows],
         "ledger": [_ledger_row(r) for r in finished[:HISTORY_LIMIT]],
         "history_limit": HISTORY_LIMIT,
-        "chart": startup_history(listed, CHART_LIMIT),
+        "chart": startup_history(listed.filter(part_of__isnull=True), CHART_LIMIT),
         "can_change": can_run_restarts(request.user),
     })
 
@@ -117,8 +121,8 @@ def restarts(request: HttpRequest) -> HttpResponse:
 @login_required
 def restart_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """One restart: the plan, the live runbook (steps, phase, elapsed, remaining) and its audit."""
-    found = get_object_or_404(Restart.objects.select_related("node", "engine", "window",
-                                                             "requested_by"), pk=pk)
+    found = get_object_or_404(Restart.objects.select_related(
+        "node", "engine", "window", "requested_by", "part_of__node", "part_of__engine"), pk=pk)
     now = timezone.now()
     queued = next((e for e in queue_forecast(found.node, now) if e.restart.pk == found.pk), None)
     return render(request, "restarts/restart.html", {
@@ -129,7 +133,7 @@ def restart_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "audit": found.audit.select_related("user").order_by("at", "pk"),
         "change": change_summary(found),
         "json_url": reverse("dashboard:restart-json", args=[found.pk]),
-        "can_cancel": found.status == Restart.Status.SCHEDULED
+        "can_cancel": found.status == Restart.Status.SCHEDULED and found.part_of_id is None
         and can_run_restarts(request.user),
     })
 
@@ -452,7 +456,8 @@ def _progress_row(restart: Restart, now: datetime) -> dict[str, Any]:
 
 def _ledger_row(restart: Restart) -> dict[str, Any]:
     return {"restart": restart, "before": capacity_summary(restart.before),
-            "after": capacity_summary(restart.after)}
+            "after": capacity_summary(restart.after),
+            "parts": sorted(restart.parts.all(), key=lambda part: (part.node.name, part.pk))}
 
 
 def capacity_summary(snapshot: dict[str, Any] | None) -> str:
