@@ -42,7 +42,8 @@ def api(docker_host):
     client.close()
 
 
-def test_secrets_of_a_real_engine_are_masked_everywhere(node, api, admin_client, settings):
+def test_secrets_of_a_real_engine_are_masked_everywhere(node, api, admin_client, settings,
+                                                        tmp_path):
     port = free_port()
     name = unique_name("secret")
     command = [VLLM, "serve", "org/secret-8b", "--port", str(port), "--api-key", API_KEY,
@@ -95,7 +96,7 @@ def test_secrets_of_a_real_engine_are_masked_everywhere(node, api, admin_client,
     raw_log = subprocess.run([*PODMAN, "logs", cid], capture_output=True, text=True,
                              timeout=60)
     assert API_KEY in raw_log.stdout + raw_log.stderr  # the log itself holds the key
-    log_file = PROJECT / "var" / f"test-{name}.log"
+    log_file = tmp_path / f"test-{name}.log"
     log_file.write_text(raw_log.stdout + raw_log.stderr)
     try:
         printed = []
