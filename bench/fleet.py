@@ -8,16 +8,14 @@ collects no host of its own), its worker evaluates each node's alerts after ever
 (``collection_finished`` queues ``evaluate_alerts`` centrally), sweeps the outbox, rolls up and
 prunes, and its web server answers one signed-in tab left open on the fleet view.
 
-The write load comes from one process per node, each configured as its node
+The write load comes from one process per node, the project's node agent (``manage.py
+runagent``, as ``bin/sparkops agent`` runs it), each configured as its node
 (``SPARKOPS_NODE_NAME``) and consuming only ``node.<name>``, so the real collection code runs
 there exactly as on a node: a collection and its host samples, every engine's samples and row,
 the ledger on the node's row, the flight recorder on its own disk, the kernel log, and a
-heartbeat (``collectors.heartbeat.beat``) every ``SPARKOPS_HEARTBEAT_SECONDS``. Where the
-project has its node agent (``manage.py runagent``), each node runs that; otherwise a stand-in
-(``python -m bench.fleet --as-node NAME``): a Celery worker of the project's app on the node's
-queue only, with a thread that beats (``--writers`` chooses either). The agents register
-themselves, and the centre's scheduler adds registered nodes to ``SPARKOPS_BEAT_NODES``, so
-both kinds are scheduled alike. Processes, not threads, so the centre's CPU time is read
+heartbeat (``collectors.heartbeat.beat``) every ``SPARKOPS_HEARTBEAT_SECONDS``. The agents
+register themselves, and the centre's scheduler adds registered nodes to its schedule.
+Processes, not threads, so the centre's CPU time is read
 from its own processes apart from the nodes'. The nodes' cost is reported too, for scale: in a
 fleet it is spent on the nodes, here on the same machine (2 cores), which is why the nodes run
 at the lowest CPU priority (``nice 19``: they take the time the centre and the database leave)
@@ -85,10 +83,8 @@ INTERVAL = 5.0  # SparkOps' default SPARKOPS_COLLECT_INTERVAL
 CHART_EVERY = 3  # the open tab asks for the chart every third poll, as the overview does
 GIB = 1024**3
 GB10_MEM_TOTAL = int(121.69 * GIB)  # what vLLM prints on a GB10; never 128
-AGENT_COMMAND = PROJECT / "collectors" / "management" / "commands" / "runagent.py"
 FLEET_DATABASE = "sparkops_fleet"
 FLEET_PATH = "/fleet/"
-WRITERS = ("auto", "agent", "worker")
 NODE_NICENESS = 19
 _MEMINFO_FIELD = re.compile(r"^(MemTotal|MemFree|MemAvailable):\s+\d+ kB$", re.MULTILINE)
 
@@ -241,65 +237,14 @@ def write_rate(first: dict, last: dict, seconds: float) -> dict:
 # --- the nodes -----------------------------------------------------------------------------
 
 
-def writer_mode(asked: str) -> str:
-    """``agent`` (the project's node agent) or ``worker`` (the stand-in); ``auto`` takes the
-    agent where the project has one."""
-    if asked != "auto":
-        return asked
-    return "agent" if AGENT_COMMAND.exists() else "worker"
-
-
-def node_argv(mode: str, node: str) -> list[str]:
+def node_argv() -> list[str]:
     """A node's command line, at the lowest CPU priority (``NODE_NICENESS``): in a fleet its
     work runs on its own host, so here it takes only the CPU time the centre and the database
     leave, instead of delaying their answers on two shared cores."""
-    command = ([sys.executable, "manage.py", "runagent"] if mode == "agent"
-               else [sys.executable, "-m", "bench.fleet", "--as-node", node])
-    return ["nice", "-n", str(NODE_NICENESS), *command]
+    return ["nice", "-n", str(NODE_NICENESS), sys.executable, "manage.py", "runagent"]
 
 
-class Heartbeat(threading.Thread):
-    """The stand-in's beat: ``collectors.heartbeat.beat`` every interval, as an agent beats."""
-
-    def __init__(self, node: str) -> None:
-        super().__init__(name="heartbeat", daemon=True)
-        self.node = node
-
-    def run(self) -> None:
-        from django.db import connection
-
-        from collectors import heartbeat
-
-        while True:
-            try:
-                heartbeat.beat(self.node)
-            except Exception:
-                log.exception("the heartbeat of %s failed", self.node)
-            finally:
-                connection.close()
-            time.sleep(heartbeat.interval_seconds())
-
-
-def run_node_worker(node: str) -> None:
-    """The stand-in for a node agent: the project's Celery app consuming ``node.<node>`` only
-    (threads, as the stack's worker: 8 slots, no mingle or gossip), plus :class:`Heartbeat`
-    where the project's worker does not beat by itself (it does since the node agent came:
-    every worker of a node's queue registers the node and beats). Its environment (set by the
-    benchmark) makes it the node: name, ``/proc``, data directory, the central database and
-    broker."""
-    import django
-
-    django.setup()
-    from sparkops.celery import app, node_queue
-
-    if not AGENT_COMMAND.exists():
-        Heartbeat(node).start()
-    app.worker_main(["worker", "--queues", node_queue(node), "--hostname", f"{node}@%h",
-                     "--pool", "threads", "--concurrency", "8", "--without-mingle",
-                     "--without-gossip", "--loglevel", "WARNING"])
-
-
-def start_nodes(mode: str, nodes: list[str], workdir: Path, *, database_url: str,
+def start_nodes(nodes: list[str], workdir: Path, *, database_url: str,
                 broker_url: str, docker_host: str) -> list[Child]:
     children = []
     for index, node in enumerate(nodes, start=1):
@@ -307,7 +252,7 @@ def start_nodes(mode: str, nodes: list[str], workdir: Path, *, database_url: str
         env = stack_env(home / "data", node=node, docker_host=docker_host,
                         database_url=database_url, CELERY_BROKER_URL=broker_url,
                         SPARKOPS_PROCFS=str(build_procfs(home / "proc", index)))
-        children.append(Child(node, node_argv(mode, node), log=home / "worker.log", env=env,
+        children.append(Child(node, node_argv(), log=home / "worker.log", env=env,
                               cwd=PROJECT))
     return children
 
@@ -526,17 +471,6 @@ def server_time(path: str, requests_: int = 5) -> dict:
     return {**summarize(timings).as_dict(), "queries": max(queries)}
 
 
-def fleet_path(base_url: str) -> tuple[str, bool]:
-    """The fleet view's path, and whether it exists: ``/fleet/`` answers a signed-in request,
-    or ``/`` is measured instead (the page an admin lands on) when it does not exist yet."""
-    status = signed_in(base_url).get(f"{base_url}{FLEET_PATH}", timeout=30).status_code
-    if status == 200:
-        return FLEET_PATH, True
-    if status == 404:
-        return "/", False
-    raise RuntimeError(f"{FLEET_PATH} answered {status}")
-
-
 def observed(nodes: list[str], since: datetime, until: datetime) -> dict:
     """What the nodes stored during the window: collections per node and minute, samples per
     collection and per engine and collection, and how many nodes beat lately."""
@@ -582,9 +516,8 @@ def observed(nodes: list[str], since: datetime, until: datetime) -> dict:
 
 
 def run(profile: Profile, workdir: Path, podman: Podman, docker_host: str,
-        cluster_url: str | None, writers: str = "auto") -> dict:
+        cluster_url: str | None) -> dict:
     nodes = node_names(profile.fleet_nodes)
-    mode = writer_mode(writers)
     with ExitStack() as stack:
         broker_url, redis = stack.enter_context(redis_server(workdir / "redis"))
         database_url = stack.enter_context(fleet_database(cluster_url))
@@ -605,14 +538,14 @@ def run(profile: Profile, workdir: Path, podman: Podman, docker_host: str,
         stack.callback(centre.stop)
         centre.wait_ready()
         began = time.monotonic()
-        children = start_nodes(mode, nodes, workdir, database_url=database_url,
+        children = start_nodes(nodes, workdir, database_url=database_url,
                                broker_url=broker_url, docker_host=docker_host)
         stack.callback(stop_all, children)
         NodesCollecting(nodes, len(specs), children).wait(120 + 15 * len(nodes))
-        print(f"  {len(nodes)} nodes ({mode}) collecting after "
+        print(f"  {len(nodes)} node agents collecting after "
               f"{time.monotonic() - began:.0f} s; warming up for {profile.fleet_warmup_s:g} s",
               flush=True)
-        path, exists = fleet_path(centre.url)
+        path = FLEET_PATH
         chart = f"/api/nodes/{nodes[0]}/timeline.json?range=1h"
         tab = FleetTab(centre.url, {"fleet": path, "chart": chart})
         time.sleep(profile.fleet_warmup_s)
@@ -639,10 +572,10 @@ def run(profile: Profile, workdir: Path, podman: Podman, docker_host: str,
                 raise RuntimeError(f"{child.name} exited during the window:\n{child.tail()}")
         in_process = server_time(path)  # the nodes still write meanwhile
         result = {
-            "nodes": len(nodes), "engines_per_node": len(specs), "writers": mode,
+            "nodes": len(nodes), "engines_per_node": len(specs),
             "node_niceness": NODE_NICENESS,
             "warmup_s": profile.fleet_warmup_s, "interval_s": INTERVAL,
-            "fleet_path": path, "fleet_view_exists": exists, "chart_path": chart,
+            "fleet_path": path, "chart_path": chart,
             "chart_every": CHART_EVERY, "latency": tab.result(), "fleet_in_process": in_process,
             **sampler.result(),
             "observed": observed(nodes, sampler.wall[0], sampler.wall[-1]),
@@ -652,26 +585,18 @@ def run(profile: Profile, workdir: Path, podman: Podman, docker_host: str,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--as-node", metavar="NAME",
-                        help="run as node NAME's stand-in worker (the benchmark starts these)")
     parser.add_argument("--profile", choices=PROFILES, default="full")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--database-url",
                         help="a PostgreSQL cluster's URL (the fleet gets a database of its own "
                              "there); without it, a private cluster")
-    parser.add_argument("--writers", choices=WRITERS, default="auto",
-                        help="what runs each node: the project's agent, the stand-in worker, or "
-                             "the agent where the project has one (default)")
     args = parser.parse_args()
-    if args.as_node:
-        run_node_worker(args.as_node)
-        return
     if args.workdir is None or args.json is None:
         parser.error("--workdir and --json are needed")
     args.workdir.mkdir(parents=True, exist_ok=True)
     result = run(PROFILES[args.profile], args.workdir, Podman.from_env(),
-                 os.environ["SPARKOPS_DOCKER_HOST"], args.database_url, args.writers)
+                 os.environ["SPARKOPS_DOCKER_HOST"], args.database_url)
     args.json.write_text(json.dumps(result, indent=1))
 
 

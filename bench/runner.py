@@ -54,11 +54,10 @@ def _chart_argv(backend: str, step: str, profile: Profile, workdir: Path, out: P
     return argv
 
 
-def _fleet_argv(profile: Profile, workdir: Path, out: Path, database_url: str,
-                writers: str) -> list[str]:
+def _fleet_argv(profile: Profile, workdir: Path, out: Path, database_url: str) -> list[str]:
     return [sys.executable, "-m", "bench.fleet", "--profile", profile.name,
             "--workdir", str(workdir / "fleet"), "--json", str(out),
-            "--database-url", database_url, "--writers", writers]
+            "--database-url", database_url]
 
 
 def run_phase(label: str, argv: list[str], env: dict[str, str], workdir: Path, out: Path,
@@ -151,10 +150,6 @@ def main() -> None:
                              "'isolated' moves only with the benchmark's own allocation (for a "
                              "shared machine; see bench/meminfo_view.py), 'real' is the "
                              "machine's /proc/meminfo")
-    parser.add_argument("--fleet-writers", choices=("auto", "agent", "worker"), default="auto",
-                        help="what runs each node of the fleet benchmark: the node agent "
-                             "(bin/sparkops agent), a stand-in Celery worker of the node's "
-                             "queue, or the agent where the project has one (default)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the generated databases (about 500 MB) in the work directory")
     args = parser.parse_args()
@@ -200,7 +195,7 @@ def main() -> None:
                                                         env, database_url)
         if "fleet" in phases:
             out = workdir / "fleet.json"
-            argv = _fleet_argv(profile, workdir, out, database_url, args.fleet_writers)
+            argv = _fleet_argv(profile, workdir, out, database_url)
             results["phases"]["fleet"] = run_phase("fleet", argv, env, workdir, out,
                                                    fresh=workdir / "fleet")
     results["total_seconds"] = round(time.monotonic() - began, 1)

@@ -28,7 +28,7 @@ SECTIONS = {
     "## 3. Alert latency": r"\| SparkOps \(`runstack`\) \| .* \| [\d.]+ s \(n=1\) \|",
     "## 4. Chart latency": r"\| `timeline\.json\?range=30d` \| \d+ ms.* \| \d+ ms.* \|",
     "## 5. Storage": r"\| Measured total \| \d+ MiB for [\d.]+ days \| \d+ MiB for",
-    "## 6. Fleet": r"\| Fleet view \(`/(fleet/)?`, signed in\): p50 / p95 / worst \| "
+    "## 6. Fleet": r"\| Fleet view \(`/fleet/`, signed in\): p50 / p95 / worst \| "
                    r"\d+ / \d+ / \d+ ms \(n=\d+\) \|",
 }
 # The fleet's centre, measured: its CPU share and its memory.
