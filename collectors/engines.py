@@ -53,7 +53,7 @@ from collectors.models import Engine, EngineMetric, EngineSample, Event, Node, s
 from collectors.nvml import GpuReport, processes_by_container
 from collectors.procfs import container_ids_for_pids, inode_seen_by_process
 from collectors.redaction import mask_command, mask_env, mask_text
-from collectors.spanning import serves_http, span_fields
+from collectors.spanning import ray_node_without_serve, serves_http, span_fields
 from collectors.starts import observe_starts
 from collectors.vllm.findings import MountCheck
 from collectors.vllm.metrics import MetricsSnapshot
@@ -150,7 +150,8 @@ def _parse_config(container: EngineContainer, reader: KindReader) -> tuple[Launc
     try:
         return reader.parse_launch(mask_command(container.command), mask_env(container.env)), ""
     except LaunchError as error:
-        return None, str(error)
+        ray_node = ray_node_without_serve(container) if container.kind == "vllm" else ""
+        return None, ray_node or str(error)
 
 
 def _metrics_url(container: EngineContainer, launch: Launch | None,
@@ -285,7 +286,8 @@ def _lifecycle_events(engine: Engine, container: EngineContainer, now: datetime,
 def _findings(seen: _Seen, startup: Any, mounts: list[MountCheck]) -> list[dict[str, str]]:
     """The configuration findings, led by the reason the flags could not be read, if any."""
     findings = seen.reader.findings(seen.config, startup, mounts) if seen.config else []
-    if seen.config_error:
+    if seen.config_error and not (seen.container.kind == "vllm"
+                                  and ray_node_without_serve(seen.container)):
         findings.insert(0, {"code": "unparseable-flags", "severity": "error",
                             "message": "SparkOps cannot read the launch flags: "
                                        f"{seen.config_error}"})

@@ -142,6 +142,23 @@ def span_fields(container: EngineContainer, launch: Launch | None) -> tuple[str,
     return ("", {}) if span is None else (span.key, span.as_dict())
 
 
+def ray_node_without_serve(container: EngineContainer) -> str:
+    """Why a container's vLLM flags are not in its command when it is a Ray node started as
+    vLLM's ``examples/ray_serving/run_cluster.sh`` starts one (``ray start``, no ``vllm
+    serve``): "" for any other container. A worker's engine flags are its head's; the head's
+    ``vllm serve`` is run in it afterwards (``docker exec``), so no command shows them."""
+    words = _words(mask_command(container.command))
+    ray = _ray_start(words)
+    if ray is None or any(os.path.basename(word) == "vllm" for word in words):
+        return ""
+    if ray.head:
+        return ("a Ray head node (`ray start --head`): its `vllm serve` runs in it afterwards "
+                "(docker exec), so its flags are in no container command; what its log and "
+                "metrics say stands for them")
+    return ("a Ray worker node (`ray start --address`): it runs no `vllm serve` of its own; "
+            "the engine's flags are its head's")
+
+
 def serves_http(container: EngineContainer, launch: Launch | None) -> bool:
     """Does the container serve its kind's HTTP API? Not a headless rank of a spanning engine."""
     span = container_span(container, launch)

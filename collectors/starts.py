@@ -11,7 +11,8 @@ start (its id and start time: a recreated or restarted container is a new start)
   measured (:func:`history_for`). A start first seen after its pool was allocated gets no
   prediction, saying so: a prediction made after the fact would measure nothing.
 * Once the engine is ready, its start-up log's figures become the start's ``actual``; a start
-  that fails, or whose container stops or is replaced before it is ready, ends so.
+  that fails, or whose container stops or is replaced before it is ready, ends so. A rank of an
+  engine that spans nodes and serves no API is ready once its head serves.
 
 The predicted-squeeze alert reads the open starts' predictions (``dashboard.alerting``); the
 engine page shows each figure's error (:func:`figure_errors`).
@@ -112,7 +113,7 @@ def _advance(start: EngineStart, engine: Engine, node: Node, engines: list[Engin
                 f"SparkOps first saw this start in phase {engine.phase}, after its KV pool "
                 "was allocated" if start.seen_at == now else
                 "its log named no vLLM release before its KV pool was allocated")
-    if engine.phase == "ready":
+    if engine.phase == "ready" or _rank_of_a_serving_engine(engine):
         start.outcome = EngineStart.Outcome.READY
         start.finished_at = now
         start.actual = actual_figures(engine, start, now)
@@ -121,6 +122,18 @@ def _advance(start: EngineStart, engine: Engine, node: Node, engines: list[Engin
         start.finished_at = now
     if (start.version, start.no_prediction, start.predicted_at, start.outcome) != before:
         start.save()
+
+
+def _rank_of_a_serving_engine(engine: Engine) -> bool:
+    """A rank of an engine that spans nodes which serves no API of its own (a headless rank,
+    a Ray worker: ``collectors.spanning``) never logs "ready": its start is ready once it is
+    past loading and a head of its engine serves (one query, for such ranks only)."""
+    span = engine.span or {}
+    if not engine.span_key or span.get("serves_api") is not False \
+            or engine.phase in (*LOADING_PHASES, "unknown") or engine.phase in ENDED_PHASES:
+        return False
+    return Engine.objects.filter(span_key=engine.span_key, span__role="head", present=True,
+                                 phase="ready").exists()
 
 
 def _predict(start: EngineStart, engine: Engine, node: Node, engines: list[Engine],

@@ -281,3 +281,32 @@ def test_engine_page_of_a_headless_rank_and_the_span_partial(admin_client):
     assert '/nodes/spark-a/engines/gemma-tp2/' in html
     assert "gemma-tp2-rank1 (this page)" in html
     assert "2 parts seen of 2 ranks" in html
+
+
+def _ray_container(command: list[str]):
+    from collectors.docker_api import EngineContainer
+
+    return EngineContainer(id="c1", name="ray-node", image="vllm/vllm-openai:v0.33.0",
+                           state="running", started_at=None, restart_count=0, exit_code=None,
+                           pid=None, command=command, env={}, labels={}, mounts=[],
+                           network_mode="host")
+
+
+def test_a_ray_nodes_flags_are_not_called_unreadable():
+    from collectors.engines import _findings, _parse_config, _Seen
+    from collectors.kinds.registry import reader_for
+
+    reader = reader_for("vllm")
+    for command, words in ((RAY_WORKER, "the engine's flags are its head's"),
+                           (RAY_HEAD, "its `vllm serve` runs in it afterwards")):
+        container = _ray_container(command)
+        launch, why = _parse_config(container, reader)
+        seen = _Seen(container, reader, launch, why, None, None, None)
+
+        assert launch is None and words in why
+        assert _findings(seen, None, []) == []  # no "cannot read the launch flags" error
+    # A container whose command is not vLLM's at all still gets the error finding.
+    other = _ray_container(["python", "serve.py", "--port", "8000"])
+    launch, why = _parse_config(other, reader)
+    findings = _findings(_Seen(other, reader, launch, why, None, None, None), None, [])
+    assert [f["code"] for f in findings] == ["unparseable-flags"]

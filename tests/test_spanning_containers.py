@@ -20,7 +20,7 @@ from django.utils import timezone
 from collectors import docker_api
 from collectors.engines import collect_engines
 from collectors.ledger import update_ledger
-from collectors.models import Engine, Event, Node
+from collectors.models import Engine, EngineStart, Event, Node
 from dashboard.alerting.rules import orphan_rank
 from dashboard.engines import engine_span
 from sparkops.testing.ports import free_port
@@ -106,6 +106,10 @@ def test_head_and_headless_rank_are_one_engine_and_the_orphan_is_named(api, monk
     assert rank.metrics_url == "" and rank.last_scrape_error == ""
     assert not Event.objects.filter(engine=rank, kind="scrape-failed").exists()
     assert rank.startup["kv_cache_gib"] == pytest.approx(KV / 1024**3, abs=0.01)
+    # Its release from its launch line (a headless rank logs no server version), and its
+    # start is ready once its head serves: a headless rank never logs "ready" itself.
+    assert rank.startup["version"] == head.startup["version"] and rank.startup["version"]
+    assert EngineStart.objects.get(engine=rank).outcome == "ready"
     # Each part's memory is in its own node's ledger.
     node_a.refresh_from_db()
     node_b.refresh_from_db()

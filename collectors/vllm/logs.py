@@ -340,6 +340,10 @@ _START_MARKERS = {
     "engine": re.compile(
         r"Initializing an? (?:V\d )?LLM engine \(v?([^)\s]+)\) with config: (.*)$"
     ),
+    # A headless node of multi-node tensor/pipeline parallelism: "Launching vLLM (v%s) headless
+    # multiproc executor, with head node address %s …" (vllm/entrypoints/cli/serve.py:224-229
+    # of 0.33.0); it starts no API server, so no server-version line follows.
+    "headless": re.compile(r"Launching vLLM \(v?([^)\s]+)\) headless multiproc executor"),
 }
 # "Model loading took %.4f GiB and %.6f seconds" 0.8-0.13, "… GiB memory and …" 0.11-0.33
 # (vllm/v1/worker/gpu_model_runner.py:5088, v1/worker/gpu/model_runner.py:428), with "%s" GiB
