@@ -3,9 +3,9 @@
 What a node with four engines accumulates at the default interval, under the tiers the code
 keeps (``collectors.retention``):
 
-* raw rows — a collection row, 16 host samples (11 meminfo fields, 5 derived) and 12 samples
-  per engine (container memory, 3 gauges, 8 rates) every 5 s — for the last
-  ``SPARKOPS_RAW_RETENTION_DAYS`` (1);
+* raw rows — a collection row, 21 host samples (11 meminfo fields, 5 derived, 5 of
+  fragmentation: ``collectors.fragmentation``) and 12 samples per engine (container memory,
+  3 gauges, 8 rates) every 5 s — for the last ``SPARKOPS_RAW_RETENTION_DAYS`` (1);
 * roll-ups (min/mean/max/count) of every host and engine metric, per minute for the last 2 days,
   per ten minutes for the last 35 days and per hour for the whole span.
 
@@ -37,7 +37,8 @@ DAY = timedelta(days=1)
 
 # EngineMetric values written per engine per collection by an engine under load.
 ENGINE_METRICS = (13, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12)
-HOST_METRICS = tuple(range(1, 17))  # Metric 1..16
+# Metric 1..16 and the fragmentation samples 20..24 (the memory budget's 17..19 only with one).
+HOST_METRICS = (*range(1, 17), *range(20, 25))
 MEM_TOTAL = 121.69 * GIB
 ENGINE_POOL = 997
 
@@ -97,6 +98,8 @@ def host_values(t: float, rnd: random.Random) -> dict[int, float]:
         12: _kib(0.5 * GIB), 13: _kib(cached - 0.3 * GIB + 1.3 * GIB),
         14: _kib(swap_total - swap_free), 15: round(rnd.uniform(0, 3), 2),
         16: round(rnd.uniform(0, 1), 2),
+        20: _kib(free * 0.9), 21: _kib(free * rnd.uniform(0.2, 0.6)), 22: float(4 * 1024**2),
+        23: round(rnd.uniform(0, 2), 2), 24: round(rnd.uniform(0, 0.5), 2),
     }
 
 

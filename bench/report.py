@@ -486,7 +486,7 @@ def storage_section(results: dict) -> list[str]:
         "file, write-ahead log folded in; PostgreSQL: `pg_total_relation_size` of the five "
         "sample tables — rows, indexes, TOAST and maps — after VACUUM ANALYZE at the end). Each "
         "day holds what the retention tiers keep at its age: a *raw day* (the last "
-        f"{_days(available, 'raw_days')}) a collection row, 16 host samples and 12 samples per "
+        f"{_days(available, 'raw_days')}) a collection row, 21 host samples and 12 samples per "
         "engine per 5 s, plus every roll-up tier; a *minute day* (up to "
         f"{_days(available, 'minute_days')} back) the minute, ten-minute and hourly roll-ups "
         "(min/mean/max/count of each host and engine metric); an *older day* the ten-minute "
