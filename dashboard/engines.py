@@ -76,7 +76,7 @@ def engine_series(engine: Engine, range_key: str, now: datetime, max_points: int
         points = found[engine.pk, metric]
         reduced = break_long_gaps(downsample(points, max_points) if points else [], step)
         series.append({"key": key, "label": label, "unit": unit,
-                       "x": [at.isoformat() for at, _ in reduced],
+                       "x": [at for at, _ in reduced],
                        "y": [value for _, value in reduced]})
     events = Event.objects.filter(engine=engine, at__gte=start).order_by("at")
     return {

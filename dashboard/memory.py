@@ -182,17 +182,17 @@ def collection_failures(node: Node, start: datetime, end: datetime) -> list[tupl
     )
 
 
-def reduce_series(points: list[SeriesPoint], failures: list[tuple[datetime, str]],
-                  max_points: int, step_seconds: float) -> list[tuple[datetime, float | None]]:
-    """Failures merged in as gaps, min-max downsampled, long silences broken into gaps."""
-    merged = _merge_failures(points, failures)
+def reduce_series(points: list[SeriesPoint], failed_at: list[int], max_points: int,
+                  step_seconds: float) -> list[tuple[int, float | None]]:
+    """Failed collections (``failed_at``, epoch milliseconds) merged in as gaps, min-max
+    downsampled, long silences broken into gaps."""
+    merged = _merge_failures(points, failed_at)
     reduced = downsample(merged, max_points) if merged else []
     return break_long_gaps(reduced, step_seconds)
 
 
-def _merge_failures(points: list[SeriesPoint], failures: list[tuple[datetime, str]]
-                    ) -> list[SeriesPoint]:
-    if not failures:
+def _merge_failures(points: list[SeriesPoint], failed_at: list[int]) -> list[SeriesPoint]:
+    if not failed_at:
         return points
-    gaps = [SeriesPoint(at, None, None) for at, _ in failures]
+    gaps = [SeriesPoint(at, None, None) for at in failed_at]
     return sorted(points + gaps, key=lambda point: point.at)

@@ -11,16 +11,20 @@ A tier is complete up to the node's roll-up watermark (``Node.rolled_up_until``)
 bucket: the rest of the range is read from the minute tier up to the watermark and from raw
 samples after it, so every chart reaches the latest collection whatever its resolution. With
 no roll-up yet, a chart reads raw samples.
+
+Times leave the database as whole milliseconds since the epoch (:class:`EpochMillis`), the unit
+of ``dashboard.downsample`` and of the charts' ``x``: a chart reads tens of thousands of rows,
+and a datetime per row (parsed from text, later written back as text) cost more than the query.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
+from operator import itemgetter
 
 from django.db import connections
-from django.db.models import BigIntegerField, CharField, F, Func, Max, Min, QuerySet
-from django.db.models.functions import Cast
+from django.db.models import BigIntegerField, F, Func, Max, Min, QuerySet
 
 from collectors.models import (
     Engine,
@@ -36,6 +40,7 @@ from collectors.retention import MINUTE, TIERS, floor_to
 from dashboard.downsample import SeriesPoint
 
 MAX_ROWS = 1500  # per series per chart: the finest source with at most this many buckets wins
+_time = itemgetter(0)  # a SeriesPoint's time
 
 
 def resolution_for(span: timedelta, interval: float) -> int:
@@ -100,9 +105,13 @@ def _points(samples: QuerySet, rollups: QuerySet, keys: tuple[str, ...], metrics
             start: datetime, end: datetime | None, resolution: int,
             rolled_up_until: datetime | None, bucket_seconds: float
             ) -> dict[tuple, list[SeriesPoint]]:
-    """Series by ``keys`` (e.g. (engine id, metric)), one query per source for all of them:
-    the chosen tier up to its last complete bucket, the minute tier up to the roll-up watermark,
-    raw samples after it."""
+    """Series by ``keys`` (e.g. (engine id, metric)), in one query for all of them: the chosen
+    tier up to its last complete bucket, the minute tier up to the roll-up watermark, raw
+    samples after it, each a part of one ``UNION ALL``.
+
+    The query asks for no order: PostgreSQL would sort tens of thousands of rows gathered from
+    its index for every key (half of the query's time), while each series, already nearly in
+    time order, is sorted here in one pass."""
     points: dict[tuple, list[SeriesPoint]] = {}
     pieces: list[tuple[int, datetime]] = []  # (resolution, covered until), oldest first
     if resolution and rolled_up_until is not None:
@@ -111,27 +120,69 @@ def _points(samples: QuerySet, rollups: QuerySet, keys: tuple[str, ...], metrics
             pieces.append((MINUTE.resolution, rolled_up_until))
     since = start
     width = int(bucket_seconds)
+    parts: list[QuerySet] = []  # each (*keys, epoch ms, low, high)
     for seconds, until in pieces:
         if until <= since:
             continue
         rows = rollups.filter(resolution=seconds, metric__in=metrics, start__gte=since,
                               start__lt=until if end is None else min(until, end))
-        found = (_grouped(rows, keys, width) if width >= 2 * seconds else
-                 _fetch(rows.order_by(*keys, "start"), "start", *keys, "min", "max"))
-        for at, *key, low, high in found:
-            points.setdefault(tuple(key), []).append(SeriesPoint(at, low, high))
+        if width >= 2 * seconds:  # grouped into the chart's own buckets by the database
+            rows = rows.annotate(epoch=EpochBucket("start", width)).values(*keys, "epoch") \
+                .annotate(low=Min("min"), high=Max("max")).order_by() \
+                .values_list(*keys, "epoch", "low", "high")
+        else:
+            rows = rows.annotate(epoch=EpochMillis("start")).order_by() \
+                .values_list(*keys, "epoch", "min", "max")
+        parts.append(rows)
         since = until
     rows = samples.filter(metric__in=metrics, at__gte=since)
     if end is not None:
         rows = rows.filter(at__lte=end)
-    for at, *key, value in _fetch(rows.order_by(*keys, "at"), "at", *keys, "value"):
-        points.setdefault(tuple(key), []).append(SeriesPoint(at, value, value))
+    parts.append(rows.annotate(epoch=EpochMillis("at"), low=F("value"), high=F("value"))
+                 .order_by().values_list(*keys, "epoch", "low", "high"))
+    query = parts[0].union(*parts[1:], all=True) if len(parts) > 1 else parts[0]
+    _collect(points, _fetch(query), len(keys))
+    for series in points.values():
+        series.sort(key=_time)  # rows come in no order; the pieces do not overlap in time
     return points
 
 
+def _collect(points: dict[tuple, list[SeriesPoint]], rows: list[tuple], width: int) -> None:
+    """Append ``rows`` ((*keys, epoch ms, low, high)) to the series of their keys in
+    ``points``."""
+    series: list[SeriesPoint] = []
+    last: tuple | None = None
+    point = SeriesPoint
+    for row in rows:
+        key = row[:width]
+        if key != last:
+            series = points.setdefault(key, [])
+            last = key
+        series.append(point(row[width], row[width + 1], row[width + 2]))
+
+
+class EpochMillis(Func):
+    """A timestamp in whole milliseconds since the epoch (SQLite and PostgreSQL, both rounding
+    half a millisecond up, as :func:`dashboard.downsample.epoch_ms` does), so that a chart's
+    times leave the database as numbers: no text to parse, no datetime per row."""
+
+    output_field = BigIntegerField()
+
+    def __init__(self, expression: str) -> None:
+        super().__init__(F(expression))
+
+    def as_sqlite(self, compiler, connection, **extra):
+        sql, params = compiler.compile(self.source_expressions[0])
+        return f"CAST(round((julianday({sql}) - 2440587.5) * 86400000) AS INTEGER)", params
+
+    def as_postgresql(self, compiler, connection, **extra):
+        sql, params = compiler.compile(self.source_expressions[0])
+        return f"CAST(round(extract(epoch FROM {sql}) * 1000) AS BIGINT)", params
+
+
 class EpochBucket(Func):
-    """The start, in whole seconds since the epoch, of the ``seconds``-wide bucket a timestamp
-    falls in (SQLite and PostgreSQL)."""
+    """The start, in milliseconds since the epoch, of the ``seconds``-wide bucket (whole
+    seconds since the epoch) a timestamp falls in (SQLite and PostgreSQL)."""
 
     output_field = BigIntegerField()
 
@@ -141,7 +192,7 @@ class EpochBucket(Func):
 
     def _bucket(self, compiler, connection, epoch: str) -> tuple[str, list]:
         sql, params = compiler.compile(self.source_expressions[0])
-        return f"(({epoch.format(sql)} / {self.seconds}) * {self.seconds})", params
+        return f"(({epoch.format(sql)} / {self.seconds}) * {self.seconds * 1000})", params
 
     def as_sqlite(self, compiler, connection, **extra):
         return self._bucket(compiler, connection, "CAST(strftime('%%s', {}) AS INTEGER)")
@@ -151,28 +202,14 @@ class EpochBucket(Func):
                             "CAST(floor(date_part('epoch', {})) AS BIGINT)")
 
 
-def _grouped(rows: QuerySet, keys: tuple[str, ...], width: int) -> list[tuple]:
-    """Roll-up rows merged into ``width``-second buckets by the database: (bucket start,
-    *keys, lowest min, highest max), so a chart receives its own resolution, not the tier's."""
-    grouped = rows.annotate(bucket=EpochBucket("start", width)).values(*keys, "bucket") \
-        .annotate(low=Min("min"), high=Max("max")).order_by(*keys, "bucket") \
-        .values_list("bucket", *keys, "low", "high")
-    return [(datetime.fromtimestamp(row[0], UTC), *row[1:]) for row in grouped]
+def _fetch(rows: QuerySet) -> list[tuple]:
+    """The rows of a ``values_list`` query, straight from the database's cursor.
 
-
-def _fetch(rows: QuerySet, time_field: str, *fields: str) -> list[tuple]:
-    """``rows.values_list(time_field, *fields)``, with the time parsed fast.
-
-    A chart reads tens of thousands of rows, and Django turns each stored timestamp into an
-    aware datetime in Python (SQLite's text; PostgreSQL's through a time-zone-aware loader),
-    which costs more than the query itself. Here the time is selected as text and parsed by
-    ``datetime.fromisoformat``: SQLite stores naive UTC, PostgreSQL sends its offset.
+    A chart reads tens of thousands of rows; its times are already numbers
+    (:class:`EpochMillis`), so Django's per-value converters have nothing to do but cost.
     """
     connection = connections[rows.db]
-    suffix = "+00:00" if connection.vendor == "sqlite" else ""
-    sql, params = rows.annotate(time_text=Cast(time_field, CharField())) \
-        .values_list("time_text", *fields).query.sql_with_params()
-    parse = datetime.fromisoformat
+    sql, params = rows.query.sql_with_params()
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return [(parse(row[0] + suffix), *row[1:]) for row in cursor.fetchall()]
+        return cursor.fetchall()

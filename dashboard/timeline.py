@@ -26,9 +26,13 @@ row (else, in the first row's stretch, that row's ``before``, except an engine's
 appearance, ``0 → size``, which starts it), and it breaks (a None) across every stretch without
 collections.
 
-Unknown is ``None`` (a gap), never 0. Every series has at most ``max_points`` points.
-Cost: a few queries per series, each one index range of the tier that suits the range
-(``dashboard.series``), at most a couple of thousand rows.
+Unknown is ``None`` (a gap), never 0. Every series has at most ``max_points`` points, its
+times (``x``) in milliseconds since the epoch (``dashboard.downsample``), which the page draws
+on a date axis in the viewer's zone (``static/js/clock.js``).
+Cost: one query per source for all host series and one for all engine series, each one index
+range of the tier that suits the range (``dashboard.series``); one query for the ledger's change
+rows in range and one for the size each component had before it; a few small ones (engines,
+failures, markers).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.db import connections
 from django.db.models import Q
 
 from collectors.models import (
@@ -48,11 +53,12 @@ from collectors.models import (
     Node,
 )
 from dashboard.alerting.models import Alert
-from dashboard.downsample import SeriesPoint
+from dashboard.downsample import SeriesPoint, epoch_ms
 from dashboard.gpuseries import gpu_history
 from dashboard.memory import RANGES, collection_failures, gap_step_seconds, reduce_series
 from dashboard.restarts.models import Restart
 from dashboard.series import (
+    EpochMillis,
     chart_bucket_seconds,
     engine_points,
     host_points,
@@ -61,7 +67,7 @@ from dashboard.series import (
 )
 from sparkops.units import GIB
 
-Points = list[tuple[datetime, float | None]]
+Points = list[tuple[int, float | None]]  # (epoch milliseconds, value or None for a gap)
 
 PANELS = [
     {"key": "markers", "title": "Restarts, alerts and engine events", "unit": ""},
@@ -138,10 +144,11 @@ def timeline(node: Node, range_key: str, now: datetime, max_points: int, interva
 
     ``shown_start`` is where the axis starts (:func:`_shown_start`). ``series`` entries carry
     their ``panel``, ``label``, ``unit``, ``engine`` and GPU ``device`` index (or None),
-    ``exactness`` ("exact" or "stepwise") and equally long ``x`` (ISO 8601) and ``y`` lists
-    of at most ``max_points``. ``markers`` carry ``at`` (and ``until`` for a restart's outage),
-    ``lane``, ``kind``, ``label`` and a hover ``text``. ``gpu`` says whether GPU panels are
-    ``shown`` and carries their ``notes`` and ``failures`` (:class:`GpuHistory`).
+    ``exactness`` ("exact" or "stepwise") and equally long ``x`` (milliseconds since the
+    epoch) and ``y`` lists of at most ``max_points``. ``markers`` carry ``at`` (and ``until``
+    for a restart's outage; ISO 8601), ``lane``, ``kind``, ``label`` and a hover ``text``.
+    ``gpu`` says whether GPU panels are ``shown`` and carries their ``notes`` and ``failures``
+    (:class:`GpuHistory`).
     """
     span = RANGES[range_key]
     start = now - span
@@ -149,18 +156,18 @@ def timeline(node: Node, range_key: str, now: datetime, max_points: int, interva
     # Each series is reduced to half the budget: breaking long gaps can add at most one point
     # per point, so the result stays within ``max_points``.
     budget = max(max_points // 2, 3)
-    frame = _Frame(start, now, resolution, budget,
+    frame = _Frame(start, now, epoch_ms(now), resolution, budget,
                    gap_step_seconds(span, budget, interval, resolution),
                    chart_bucket_seconds(span, budget))
     failures = collection_failures(node, start, now)
     engines = _engines_in_range(node, start)
     host = host_points(node, [spec.metric for spec in HOST_SERIES] + [Metric.SWAP_TOTAL],
                        frame.start, frame.resolution, frame.bucket)
-    series = _host_series(host, frame, failures)
+    series = _host_series(host, frame, [epoch_ms(at) for at, _ in failures])
     metrics = [spec[2] for spec in ENGINE_SERIES] + HOLDINGS
     found = engine_points(engines, metrics, frame.start, frame.end, frame.resolution,
                           frame.bucket)
-    spans = collected_spans(host[Metric.MEM_AVAILABLE], frame.end, frame.step)
+    spans = collected_spans(host[Metric.MEM_AVAILABLE], frame.end_ms, frame.step)
     series += _ledger_series(node, engines, frame, found, spans)
     for engine in engines:
         series += _engine_rate_series(engine, frame, found)
@@ -209,32 +216,34 @@ def _entry(panel: str, key: str, label: str, unit: str, points: Points, *,
     return {
         "panel": panel, "key": key, "label": label, "unit": unit, "engine": engine,
         "device": device, "exactness": exactness,
-        "x": [at.isoformat() for at, _ in points],
+        "x": [at for at, _ in points],
         "y": [None if value is None else round(value * scale, 3) for _, value in points],
     }
 
 
 @dataclass(frozen=True)
 class _Frame:
-    """What every series of one timeline shares: its range, source, point budget, the longest
-    step a line may bridge, and the width of a chart bucket."""
+    """What every series of one timeline shares: its range (``end_ms``: its end in epoch
+    milliseconds), source, point budget, the longest step a line may bridge (seconds), and the
+    width of a chart bucket (seconds)."""
 
     start: datetime
     end: datetime
+    end_ms: int
     resolution: int
     budget: int
     step: float
     bucket: float
 
 
-def _host_series(found: dict[int, list[SeriesPoint]], frame: _Frame,
-                 failures: list[tuple[datetime, str]]) -> list[dict]:
+def _host_series(found: dict[int, list[SeriesPoint]], frame: _Frame, failed_at: list[int]
+                 ) -> list[dict]:
     out = []
     for spec in HOST_SERIES:
         source = found[spec.metric]
         if spec.metric == Metric.SWAP_USED:
             source = swap_where_there_was_swap(source, found[Metric.SWAP_TOTAL])
-        points = reduce_series(source, failures, frame.budget, frame.step)
+        points = reduce_series(source, failed_at, frame.budget, frame.step)
         scale = 1 / GIB if spec.unit == "GiB" else 1.0
         out.append(_entry("headroom", spec.key, spec.label, spec.unit, points, scale=scale))
     return out
@@ -279,85 +288,113 @@ def _holdings(engine: Engine, frame: _Frame, found: EnginePoints) -> dict:
 
 # --- the ledger, stepwise from its change rows ---------------------------------------------------
 
-Span = tuple[datetime, datetime]
+Span = tuple[int, int]  # (first, last) in epoch milliseconds
+Change = tuple[int, int | None, int | None]  # (epoch milliseconds, before, after) of one row
 
 
-def collected_spans(points: list[SeriesPoint], end: datetime, step: float) -> list[Span]:
+def collected_spans(points: list[SeriesPoint], end: int, step: float) -> list[Span]:
     """The stretches in which SparkOps collected, oldest first: runs of host points (one per
     collection or bucket, known or not) no further apart than ``step`` seconds. The last
-    stretch reaches ``end`` when its last point is at most ``step`` before it (still
-    collecting)."""
+    stretch reaches ``end`` (epoch milliseconds) when its last point is at most ``step``
+    before it (still collecting)."""
+    limit = step * 1000
     spans: list[Span] = []
     for point in points:
-        if spans and (point.at - spans[-1][1]).total_seconds() <= step:
+        if spans and point.at - spans[-1][1] <= limit:
             spans[-1] = (spans[-1][0], point.at)
         else:
             spans.append((point.at, point.at))
-    if spans and (end - spans[-1][1]).total_seconds() <= step:
+    if spans and end - spans[-1][1] <= limit:
         spans[-1] = (spans[-1][0], end)
     return spans
 
 
 def _ledger_series(node: Node, engines: list[Engine], frame: _Frame, found: EnginePoints,
                    spans: list[Span]) -> list[dict]:
-    start, end = frame.start, frame.end
-    out = []
     current = node.ledger or {}
     present_engine_ids = {share.get("engine_id") for share in current.get("engines", [])}
+    pools = {engine.pk: f"engine:{engine.pk}:kv_pool" for engine in engines}
+    changes = ledger_changes(node, list(pools.values()), frame.start, frame.end)
+    processes = _largest_processes(changes)
+    held = sizes_before(node, list(pools.values()) + processes, frame.start)
+    out = []
     for engine in engines:
         out.append(_holdings(engine, frame, found))
-        key = f"engine:{engine.pk}:kv_pool"
-        carry = end if engine.pk in present_engine_ids else min(engine.last_seen, end)
-        points = step_series(node, key, start, end, carry, appearance_from_zero=True,
-                             spans=spans, step=frame.step)
+        key = pools[engine.pk]
+        carry = frame.end_ms if engine.pk in present_engine_ids \
+            else epoch_ms(min(engine.last_seen, frame.end))
+        points = step_series(changes.get(key, []), held.get(key), carry,
+                             appearance_from_zero=True, spans=spans, step=frame.step)
         if points:
             out.append(_entry("ledger", f"{engine.name}:kv_pool", f"{engine.name} KV pool",
                               "GiB", points, engine=engine.name, exactness="stepwise",
                               scale=1 / GIB))
     present = {p.get("name") for p in current.get("processes", [])}
-    out += _process_series(node, frame, present, spans)
-    return out
-
-
-def _process_series(node: Node, frame: _Frame, present: set[str], spans: list[Span]
-                    ) -> list[dict]:
-    """Other processes that moved past the threshold in range, largest first."""
-    start, end = frame.start, frame.end
-    moved = LedgerChange.objects.filter(node=node, component__startswith="process:",
-                                        at__gte=start, at__lte=end)
-    largest: dict[str, int] = {}
-    for component, after in moved.values_list("component", "after_bytes"):
-        largest[component] = max(largest.get(component, 0), after or 0)
-    out = []
-    for component in sorted(largest, key=lambda c: -largest[c])[:PROCESS_LIMIT]:
+    for component in processes:
         name = component.removeprefix("process:")
-        points = step_series(node, component, start, end, end if name in present else None,
+        points = step_series(changes[component], held.get(component),
+                             frame.end_ms if name in present else None,
                              appearance_from_zero=False, spans=spans, step=frame.step)
         out.append(_entry("ledger", component, f"process {name}", "GiB", points,
                           exactness="stepwise", scale=1 / GIB))
     return out
 
 
-def step_series(node: Node, component: str, start: datetime, end: datetime,
-                carry_until: datetime | None, *, appearance_from_zero: bool,
-                spans: list[Span], step: float) -> Points:
-    """A ledger component's size as steps, rebuilt from its LedgerChange rows, drawn only
-    inside ``spans`` (the stretches SparkOps collected in, from :func:`collected_spans`).
+def ledger_changes(node: Node, components: list[str], start: datetime, end: datetime
+                   ) -> dict[str, list[Change]]:
+    """The change rows of ``node`` in [start, end] of ``components`` and of every other
+    process, by component, oldest first: one query on the ledger's (node, time) index."""
+    rows = LedgerChange.objects.filter(node=node, at__gte=start, at__lte=end) \
+        .filter(Q(component__in=components) | Q(component__startswith="process:")) \
+        .annotate(epoch=EpochMillis("at")).order_by("at") \
+        .values_list("component", "epoch", "before_bytes", "after_bytes")
+    out: dict[str, list[Change]] = {}
+    for component, at, before, after in rows:
+        out.setdefault(component, []).append((at, before, after))
+    return out
+
+
+def _largest_processes(changes: dict[str, list[Change]]) -> list[str]:
+    """Other processes that moved past the threshold in range, largest first (at most
+    ``PROCESS_LIMIT``)."""
+    largest = {component: max(after or 0 for _, _, after in rows)
+               for component, rows in changes.items() if component.startswith("process:")}
+    return sorted(largest, key=lambda c: -largest[c])[:PROCESS_LIMIT]
+
+
+def sizes_before(node: Node, components: list[str], start: datetime) -> dict[str, int | None]:
+    """Each component's size after its last change row before ``start`` (None: no such row),
+    in one statement: one subquery per component, each a backward walk of the ledger's
+    (node, time) index that stops at the component's latest earlier row."""
+    if not components:
+        return {}
+    parts: list[str] = []
+    params: list = []
+    for component in components:
+        sql, part = LedgerChange.objects.filter(node=node, component=component, at__lt=start) \
+            .order_by("-at").values_list("after_bytes")[:1].query.sql_with_params()
+        parts.append(f"({sql})")
+        params += part
+    with connections[LedgerChange.objects.db].cursor() as cursor:
+        cursor.execute("SELECT " + ", ".join(parts), params)
+        return dict(zip(components, cursor.fetchone(), strict=True))
+
+
+def step_series(rows: list[Change], prior: int | None, carry_until: int | None, *,
+                appearance_from_zero: bool, spans: list[Span], step: float) -> Points:
+    """A ledger component's size as steps, rebuilt from its change ``rows`` in range (oldest
+    first) and ``prior``, its size after its last earlier row (:func:`sizes_before`), drawn
+    only inside ``spans`` (the stretches SparkOps collected in, from :func:`collected_spans`).
 
     Each row becomes a point at its instant with its ``after`` size (the page draws the line as
     steps). Each stretch opens with the size known at its start: the last earlier row's
     ``after``, else (only in the stretch of the first row) that row's ``before``; with
     ``appearance_from_zero`` a first row ``0 → size`` marks when SparkOps first saw the
     component, which was unknown (not 0) before.
-    A stretch closes with its last size, up to ``carry_until`` at the latest (None: the
-    component left the ledger, so its line ends at its last row); a None separates two
-    stretches. No point lies before the first collection in range.
+    A stretch closes with its last size, up to ``carry_until`` (epoch milliseconds) at the
+    latest (None: the component left the ledger, so its line ends at its last row); a None
+    separates two stretches. No point lies before the first collection in range.
     """
-    rows = list(LedgerChange.objects.filter(node=node, component=component, at__gte=start,
-                                            at__lte=end)
-                .order_by("at").values_list("at", "before_bytes", "after_bytes"))
-    prior = LedgerChange.objects.filter(node=node, component=component, at__lt=start) \
-        .order_by("-at").values_list("after_bytes", flat=True).first()
     # The last earlier row's size held wherever SparkOps collected (a move would have written a
     # row); a first row's ``before`` is only known in the stretch that recorded that row.
     held = None if prior is None else float(prior)
@@ -384,19 +421,19 @@ def step_series(node: Node, component: str, start: datetime, end: datetime,
         if close is not None and inside[-1][0] < close:
             inside.append((close, inside[-1][1]))
         if points:
-            points.append((points[-1][0] + (inside[0][0] - points[-1][0]) / 2, None))
+            points.append((points[-1][0] + (inside[0][0] - points[-1][0]) // 2, None))
         points += inside
     return points
 
 
-def _spans_with_rows(spans: list[Span], instants: list[datetime], step: float) -> list[Span]:
+def _spans_with_rows(spans: list[Span], instants: list[int], step: float) -> list[Span]:
     """``spans`` widened to hold each row instant within ``step`` seconds of them (a roll-up's
     bucket starts before the rows in it), and a span of its own for a row outside them all."""
+    limit = step * 1000
     out = list(spans)
     for at in instants:
         near = next((i for i, (first, last) in enumerate(out)
-                     if (first - at).total_seconds() <= step
-                     and (at - last).total_seconds() <= step), None)
+                     if first - at <= limit and at - last <= limit), None)
         if near is None:
             out.append((at, at))
         else:

@@ -26,6 +26,7 @@ from dashboard.engines import (
 )
 from dashboard.fleet_views import render_fleet
 from dashboard.gpuseries import current_gpus
+from dashboard.heap import collector_paused
 from dashboard.ledger import ledger_bar
 from dashboard.memory import RANGES, current_headroom
 from dashboard.roofline.figure import engine_roofline
@@ -135,9 +136,10 @@ def engine_series_json(request: HttpRequest, node: str, engine: str) -> JsonResp
     if (error := _range_error(range_key)) is not None:
         return error
     found = get_object_or_404(Engine, node=_node_or_404(node), name=engine)
-    return JsonResponse(engine_series(found, range_key, timezone.now(),
-                                      settings.SPARKOPS_MAX_CHART_POINTS,
-                                      settings.SPARKOPS_COLLECT_INTERVAL))
+    with collector_paused():  # a chart's many short-lived tuples (dashboard.heap)
+        return JsonResponse(engine_series(found, range_key, timezone.now(),
+                                          settings.SPARKOPS_MAX_CHART_POINTS,
+                                          settings.SPARKOPS_COLLECT_INTERVAL))
 
 
 @login_required
@@ -166,5 +168,6 @@ def timeline_json(request: HttpRequest, node: str) -> JsonResponse:
     max_points = _max_points(request)
     if max_points is None:
         return JsonResponse({"error": "max_points must be a whole number"}, status=400)
-    return JsonResponse(timeline(_node_or_404(node), range_key, timezone.now(), max_points,
-                                 settings.SPARKOPS_COLLECT_INTERVAL))
+    with collector_paused():  # a chart's many short-lived tuples (dashboard.heap)
+        return JsonResponse(timeline(_node_or_404(node), range_key, timezone.now(), max_points,
+                                     settings.SPARKOPS_COLLECT_INTERVAL))

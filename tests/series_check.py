@@ -19,11 +19,18 @@ import django  # noqa: E402
 
 django.setup()
 
+from django.db import connection  # noqa: E402
+
 from collectors.models import Engine, EngineMetric, EngineSample, Metric, Node, Sample  # noqa: E402
 from collectors.retention import rollup_node  # noqa: E402
+from dashboard.downsample import epoch_ms, from_epoch_ms  # noqa: E402
 from dashboard.series import engine_points, host_points  # noqa: E402
 
 T0 = datetime(2026, 11, 1, 0, 0, tzinfo=UTC)
+
+
+def _iso(at: int) -> str:
+    return from_epoch_ms(at).isoformat()
 
 
 def main() -> None:
@@ -49,14 +56,27 @@ def main() -> None:
                             resolution)[engine.pk, EngineMetric.DECODE_TPS]
         out[resolution] = {
             "host_points": len(host), "host_min": min(p.low for p in host),
-            "first": host[0].at.isoformat(), "last": host[-1].at.isoformat(),
+            "first": _iso(host[0].at), "last": _iso(host[-1].at),
             "engine_points": len(tps), "engine_max": max(p.high for p in tps),
         }
     grouped = host_points(node, [Metric.MEM_AVAILABLE], T0, 600,
                           bucket_seconds=1800)[Metric.MEM_AVAILABLE]
     out["grouped"] = {"host_points": len(grouped), "host_min": min(p.low for p in grouped),
-                      "first": grouped[0].at.isoformat(), "second": grouped[1].at.isoformat()}
-    print(json.dumps({"watermark": node.rolled_up_until.isoformat(), "tiers": out}))
+                      "first": _iso(grouped[0].at), "second": _iso(grouped[1].at)}
+    # Sub-millisecond times: the database rounds them to milliseconds as epoch_ms does. Stored
+    # newest first, so that the table's order is not the series' order.
+    odd = Node.objects.create(name="pg-rounding")
+    moments = [T0 + timedelta(microseconds=us) for us in (0, 499, 500, 123_456, 999_500)]
+    Sample.objects.bulk_create(Sample(node=odd, metric=Metric.MEM_AVAILABLE, at=at, value=1.0)
+                               for at in reversed(moments))
+    with connection.cursor() as cursor:  # without index scans: in the table's order
+        cursor.execute("SET enable_indexscan = off")
+        cursor.execute("SET enable_indexonlyscan = off")
+    read = host_points(odd, [Metric.MEM_AVAILABLE], T0 - timedelta(hours=1),
+                       0)[Metric.MEM_AVAILABLE]
+    rounding = [p.at for p in read] == [epoch_ms(at) for at in moments]
+    print(json.dumps({"watermark": node.rolled_up_until.isoformat(), "tiers": out,
+                      "rounding": rounding}))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from collectors.gpus import record_gpu_report
 from collectors.models import GpuMetric, GpuRollup, GpuSample, Node
 from collectors.nvml import GpuReport, read_gpus
 from collectors.retention import floor_to, prune_node, rollup_node
+from dashboard.downsample import epoch_ms, from_epoch_ms
 from dashboard.series import chart_bucket_seconds
 from tests.nvml.stand_in import NOT_SUPPORTED, Fail, StandInNvml, gb10, h100
 
@@ -172,10 +173,10 @@ def test_gpu_lines_start_at_the_first_read_and_break_where_no_figure_was_read(ad
     assert line["panel"] == "gpu_utilization_gpu_pct" and line["unit"] == "%"
     assert line["label"] == "NVIDIA GB10 (GPU 0) utilisation" and line["device"] == 0
     points = list(zip(line["x"], line["y"], strict=True))
-    assert points[0] == (first.isoformat(), 10.0)  # nothing drawn before the first read
-    pause = [y for x, y in points if early[-1].isoformat() < x < later[0].isoformat()]
+    assert points[0] == (epoch_ms(first), 10.0)  # nothing drawn before the first read
+    pause = [y for x, y in points if epoch_ms(early[-1]) < x < epoch_ms(later[0])]
     assert pause == [None]  # the 18 minutes without reads are a gap, not a straight line
-    assert (failed.isoformat(), None) in points  # so is the read that gave no figure
+    assert (epoch_ms(failed), None) in points  # so is the read that gave no figure
     known = [y for y in line["y"] if y is not None]
     assert len(known) == 24 + 23 and min(known) == 10.0
     assert data["gpu"]["failures"] == [{"text": "NVIDIA GB10 (GPU 0) utilisation",
@@ -200,7 +201,7 @@ def test_long_ranges_read_gpu_roll_ups_and_keep_the_peak(admin_client, node, now
     # Over 7 days a point is a chart bucket (about 30 minutes) of ten-minute roll-ups, placed at
     # its start: the first point is the bucket that holds the first read, none lies before it.
     bucket = int(chart_bucket_seconds(timedelta(days=7), 2000 // 2))
-    shown = sorted(datetime.fromisoformat(x) for x in temperature["x"])
+    shown = sorted(from_epoch_ms(x) for x in temperature["x"])
     assert shown[0] == floor_to(floor_to(first, 600), bucket)
 
 

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from collectors.models import Metric, Rollup, Sample
+from dashboard.downsample import epoch_ms, from_epoch_ms
 from dashboard.series import host_points, resolution_for, source_label
 
 NOW = datetime(2026, 11, 20, 12, 0, 7, tzinfo=UTC)
@@ -81,4 +82,22 @@ def test_roll_ups_are_grouped_into_the_chart_buckets_by_the_database(node):
     points = host_points(node, [Metric.MEM_AVAILABLE], NOW - timedelta(days=30), 3600,
                          bucket_seconds=7200)[Metric.MEM_AVAILABLE]
 
-    assert [(p.at.hour, p.low, p.high) for p in points] == [(0, 2.0, 6.0), (2, 6.0, 8.0)]
+    assert [(from_epoch_ms(p.at).hour, p.low, p.high) for p in points] == [(0, 2.0, 6.0),
+                                                                           (2, 6.0, 8.0)]
+
+
+def test_times_leave_the_database_as_the_epoch_milliseconds_python_computes(node):
+    """The database turns each stored time into whole milliseconds since the epoch, rounding
+    half a millisecond up, exactly as ``epoch_ms`` does for the times computed in Python (a
+    failed collection, the end of the range): the two kinds of instants meet on one axis."""
+    moments = [NOW - timedelta(minutes=1, microseconds=us)
+               for us in (0, 1, 499, 500, 501, 123_456, 999_499, 999_500, 999_999)]
+    Sample.objects.bulk_create(Sample(node=node, metric=Metric.MEM_AVAILABLE, at=at, value=1.0)
+                               for at in moments)
+
+    points = host_points(node, [Metric.MEM_AVAILABLE], NOW - timedelta(hours=1),
+                         0)[Metric.MEM_AVAILABLE]
+
+    assert [p.at for p in points] == sorted(epoch_ms(at) for at in moments)
+    assert epoch_ms(datetime(1970, 1, 1, 0, 0, 1, 500, tzinfo=UTC)) == 1001
+    assert from_epoch_ms(epoch_ms(NOW)) == NOW

@@ -31,6 +31,8 @@ def test_tiers_read_back_the_same_on_postgresql(postgres_url, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["watermark"] == "2026-11-01T02:34:00+00:00"
+    # Epoch milliseconds as dashboard.downsample.epoch_ms computes them, in time order.
+    assert result["rounding"] is True
     grouped = result["tiers"].pop("grouped")
     tiers = {int(k): v for k, v in result["tiers"].items()}
     # Every source covers the same stretch, keeps the one-sample dip and the highest rate.

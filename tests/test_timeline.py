@@ -21,6 +21,7 @@ from collectors.models import (
 )
 from collectors.retention import floor_to
 from dashboard.alerting.models import Alert
+from dashboard.downsample import epoch_ms as ms
 from dashboard.restarts.models import Restart
 from dashboard.timeline import timeline
 
@@ -41,7 +42,7 @@ def _series(data: dict, key: str) -> dict:
     return next(s for s in data["series"] if s["key"] == key)
 
 
-def _pairs(series: dict) -> list[tuple[str, float | None]]:
+def _pairs(series: dict) -> list[tuple[int, float | None]]:
     return list(zip(series["x"], series["y"], strict=True))
 
 
@@ -134,11 +135,11 @@ def test_kv_pools_are_steps_rebuilt_from_ledger_changes(node, now):
     pool = _series(data, "neighbour:kv_pool")
     assert pool["exactness"] == "stepwise" and pool["panel"] == "ledger"
     # Unknown before SparkOps first saw it (no point at the range start), 8 then 24 GiB up to now.
-    assert _pairs(pool) == [(appeared.isoformat(), 8.0), (grew.isoformat(), 24.0),
-                            (now.isoformat(), 24.0)]
+    assert _pairs(pool) == [(ms(appeared), 8.0), (ms(grew), 24.0),
+                            (ms(now), 24.0)]
     # A pool that last changed before the range holds that size from the first collection.
     assert _pairs(_series(data, "gemma:kv_pool")) == [
-        ((now - timedelta(hours=1)).isoformat(), 20.0), (now.isoformat(), 20.0)]
+        (ms(now - timedelta(hours=1)), 20.0), (ms(now), 20.0)]
 
 
 def test_a_gone_engines_pool_ends_when_it_was_last_seen(node, now):
@@ -153,7 +154,7 @@ def test_a_gone_engines_pool_ends_when_it_was_last_seen(node, now):
 
     data = timeline(node, "1h", now, 2000, 5.0)
 
-    assert _series(data, "old:kv_pool")["x"][-1] == (now - timedelta(minutes=5)).isoformat()
+    assert _series(data, "old:kv_pool")["x"][-1] == ms(now - timedelta(minutes=5))
 
 
 def test_other_processes_that_moved_are_drawn_as_steps(node, now):
@@ -168,8 +169,8 @@ def test_other_processes_that_moved_are_drawn_as_steps(node, now):
 
     process = _series(data, "process:postgres")
     assert process["label"] == "process postgres" and process["exactness"] == "stepwise"
-    assert _pairs(process) == [((now - timedelta(hours=1)).isoformat(), 2.0),
-                               (moved.isoformat(), 6.0), (now.isoformat(), 6.0)]
+    assert _pairs(process) == [(ms(now - timedelta(hours=1)), 2.0),
+                               (ms(moved), 6.0), (ms(now), 6.0)]
 
 
 def test_a_step_line_starts_at_the_first_collection_and_breaks_across_a_gap(node, now):
@@ -196,12 +197,12 @@ def test_a_step_line_starts_at_the_first_collection_and_breaks_across_a_gap(node
     process = _pairs(_series(data, "process:postgres"))
     for points in (pool, process):
         known = [at for at, value in points if value is not None]
-        assert min(known) == first_run.isoformat()  # nothing before the first collection
+        assert min(known) == ms(first_run)  # nothing before the first collection
         breaks = [at for at, value in points if value is None]
-        assert len(breaks) == 1 and gap_from.isoformat() < breaks[0] < second_run.isoformat()
-    assert process == [(first_run.isoformat(), 2.0), (moved.isoformat(), 6.0),
-                       (gap_from.isoformat(), 6.0), (breaks[0], None),
-                       (second_run.isoformat(), 6.0), (now.isoformat(), 6.0)]
+        assert len(breaks) == 1 and ms(gap_from) < breaks[0] < ms(second_run)
+    assert process == [(ms(first_run), 2.0), (ms(moved), 6.0),
+                       (ms(gap_from), 6.0), (breaks[0], None),
+                       (ms(second_run), 6.0), (ms(now), 6.0)]
     assert [value for _, value in pool] == [20.0, 20.0, None, 20.0, 20.0]
 
 

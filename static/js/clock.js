@@ -6,7 +6,8 @@
 //    time in the viewer's zone, then the zone's abbreviation (from the server's zone database,
 //    <html data-zone-labels>) or its UTC offset. It is the format of the templates' |when filter.
 //  * SparkOps.clock.element(iso) builds that <time>; SparkOps.clock.axis(iso) is the wall-clock
-//    string Plotly draws; SparkOps.clock.axisTitle() labels a chart's time axis.
+//    string Plotly draws (iso: an ISO 8601 time, or milliseconds since the epoch, as the
+//    charts' series send their x); SparkOps.clock.axisTitle() labels a chart's time axis.
 //  * SparkOps.times.refresh(root): <time data-relative> shows "3 min ago", the exact time as
 //    its tooltip.
 (function () {
@@ -77,8 +78,9 @@
     return el;
   }
 
-  // Plotly draws date strings as wall-clock times and drops any zone offset, so ISO times from
-  // the server (UTC) are turned into the viewer's wall-clock time before drawing.
+  // Plotly draws date strings as wall-clock times and drops any zone offset (and numbers as UTC),
+  // so times from the server (ISO 8601 or epoch milliseconds) are turned into the viewer's
+  // wall-clock time before drawing.
   function axis(iso) {
     if (iso === null || iso === undefined) return iso;
     const d = new Date(iso);
