@@ -448,3 +448,10 @@ SECURE_SSL_HOST = url_netloc(SPARKOPS_PUBLIC_URL) if HTTPS else None
 # touching a file in the data directory, every few seconds) for this long: a stopped or frozen
 # worker would otherwise stay up and do nothing. Longer than any pause a busy node causes.
 SPARKOPS_WORKER_LIVENESS_TIMEOUT = env_float("SPARKOPS_WORKER_LIVENESS_TIMEOUT", 60, minimum=2)
+# How `bin/sparkops start` runs the stack: "one-process" (the default: the web server in a thread of
+# the Celery worker's process, sparkops.onestack) or "processes" (gunicorn and the worker, each a
+# process, under a plain supervisor). Both run the same worker, queues and beat.
+SPARKOPS_STACK = env_str("SPARKOPS_STACK", "one-process").lower()
+if SPARKOPS_STACK not in ("one-process", "processes"):
+    raise ImproperlyConfigured(f"SPARKOPS_STACK={env_str('SPARKOPS_STACK', '')!r}: "
+                               "expected one-process or processes")

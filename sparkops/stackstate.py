@@ -2,7 +2,9 @@
 
 ``manage.py runstack`` hands its supervisor (``sparkops/supervise.py``) the path of a state file,
 ``<data dir>/stack-state.json``, which the supervisor rewrites whenever a process starts and
-removes when the stack stops: its own pid and each process's name, pid and start. A pid counts as
+removes when the stack stops: its own pid and each process's name, pid and start. The
+one-process stack (``sparkops.onestack``, the default) is its own supervisor: the file names it
+alone, with no processes below it, and says ``"layout": "one-process"``. A pid counts as
 running only while ``/proc`` shows it alive with the start recorded for it, so a file left behind
 by a supervisor that was killed, whose pids are gone or reused, reads as "not running".
 
@@ -27,6 +29,11 @@ from pathlib import Path
 STATE_FILE_NAME = "stack-state.json"
 LIVENESS_FILE_NAME = "worker.alive"
 SYSTEMD_UNIT = "sparkops"
+# The stack's layouts (SPARKOPS_STACK): the one process (sparkops.onestack), or a supervisor and
+# its processes (sparkops/supervise.py); the state file names the first, and no layout the second.
+ONE_PROCESS = "one-process"
+PROCESSES = "processes"
+LAYOUTS = (ONE_PROCESS, PROCESSES)
 
 
 def state_file(data_dir: Path) -> Path:
@@ -55,6 +62,7 @@ class StackState:
 
     supervisor: StackProcess | None
     processes: tuple[StackProcess, ...] = ()
+    layout: str = PROCESSES
 
     @property
     def running(self) -> bool:
@@ -96,7 +104,8 @@ def read_stack_state(data_dir: Path) -> StackState:
         processes = tuple(_process(entry) for entry in state.get("processes", []))
     except (OSError, ValueError, KeyError, TypeError):
         return StackState(supervisor=None)
-    return StackState(supervisor=supervisor, processes=processes)
+    return StackState(supervisor=supervisor, processes=processes,
+                      layout=str(state.get("layout") or PROCESSES))
 
 
 def liveness_age(data_dir: Path) -> float | None:
@@ -111,8 +120,8 @@ def running_reason(data_dir: Path, liveness_timeout: float) -> str | None:
     """Why the stack counts as running on ``data_dir``, in words; None when nothing runs."""
     state = read_stack_state(data_dir)
     if state.running:
-        return (f"the stack runs (supervisor pid {state.supervisor.pid}, "
-                f"{state_file(data_dir)})")
+        which = "one process, pid" if state.layout == ONE_PROCESS else "supervisor pid"
+        return f"the stack runs ({which} {state.supervisor.pid}, {state_file(data_dir)})"
     age = liveness_age(data_dir)
     if age is not None and age < liveness_timeout:
         return (f"a worker touched {liveness_file(data_dir)} {age:.0f} s ago "

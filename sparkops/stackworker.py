@@ -12,13 +12,15 @@ named by path: this package imports none of the apps) unless ``--scheduler`` nam
 configured schedule plus the collections of every node whose own agent registered it, so that a
 fleet's agents, which run no beat, are collected from here.
 
-If the beat thread ends while the worker is not shutting down, it stops the worker: whoever
-supervises the worker (``runstack``) then sees the stack fail, as it would have seen a separate
-beat process exit, instead of a worker that silently receives no more schedule.
+If the beat thread ends while the worker is not shutting down, it stops the worker
+(``stop_failed``): whoever supervises the worker (``runstack``'s supervisor, or the one process's
+own, ``sparkops.onestack``, which then exits non-zero) sees the stack fail, as it would have seen
+a separate beat process exit, instead of a worker that silently receives no more schedule.
 
 With ``--liveness-file PATH``, the worker's main process touches that file every
 ``--liveness-interval`` seconds from the worker's timer (``Liveness``): the supervisor of
-``runstack`` kills and restarts a worker whose file grows old, which a stopped (SIGSTOP) or
+``runstack`` kills and restarts a worker whose file grows old (the one process's watchdog,
+``sparkops.onestack``, exits non-zero), which a stopped (SIGSTOP) or
 frozen worker would otherwise never show, since its process stays alive. On the event-loop pools
 (prefork with Redis) the timer runs in the main loop itself, so a wedged loop shows as well.
 
@@ -58,7 +60,8 @@ from click import Option
 
 from sparkops.celery import FLEET_SCHEDULER, app, fleet_node_unacked_keys
 
-__all__ = ["BeatThread", "FleetNode", "Liveness", "QuietTasks", "app", "scheduler_for"]
+__all__ = ["BeatThread", "FleetNode", "Liveness", "QuietTasks", "app", "failures", "scheduler_for",
+           "stop_failed"]
 
 log = logging.getLogger(__name__)
 # How long the scheduler sleeps at most between two looks at its schedule, and so how long a
@@ -79,6 +82,19 @@ PER_TASK_LOGGERS = {
     "celery.worker.consumer.connection": logging.WARNING,  # "Connected to ..."
     "kombu.connection": logging.ERROR,  # "No hostname was supplied. Reverting to ..."
 }
+
+
+# What stopped the worker from within (a part of it that died), in words; empty when it runs or
+# was asked to stop. ``sparkops.onestack`` exits non-zero when it is not empty.
+failures: list[str] = []
+
+
+def stop_failed(reason: str) -> None:
+    """Stop the worker because a part of it failed: a warm shutdown, as SIGTERM asks (handled in
+    the main thread whichever thread calls this), recorded in ``failures``."""
+    log.error("%s; stopping the worker", reason)
+    failures.append(reason)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def scheduler_for(parent: Any) -> str:
@@ -133,8 +149,7 @@ class BeatThread(bootsteps.StartStopStep):
         except BaseException:
             log.exception("beat thread failed")
         if not self._stopping.is_set():
-            log.error("the beat thread stopped while the worker runs; stopping the worker")
-            os.kill(os.getpid(), signal.SIGTERM)
+            stop_failed("the beat thread stopped while the worker runs")
 
 
 class Liveness(bootsteps.StartStopStep):

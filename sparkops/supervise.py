@@ -72,7 +72,8 @@ def _started_ticks(pid: int) -> int | None:
         return None
 
 
-def _process_entry(name: str, pid: int, started_at: str, restarts: int) -> dict:
+def process_entry(name: str, pid: int, started_at: str, restarts: int) -> dict:
+    """One process as the state file names it (contract point 5)."""
     return {"name": name, "pid": pid, "started_at": started_at,
             "started_ticks": _started_ticks(pid), "restarts": restarts}
 
@@ -85,12 +86,18 @@ class StateFile:
         self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
 
     def write(self, children: list[Child]) -> None:
+        self.write_entries(
+            process_entry("supervisor", os.getpid(), self.started_at, 0),
+            [process_entry(child.name, child.process.pid, child.started_at, child.starts - 1)
+             for child in children if child.process is not None])
+
+    def write_entries(self, supervisor: dict, processes: list[dict], **extra: object) -> None:
+        """Replace the file with ``supervisor``, ``processes`` (``process_entry``) and the keys
+        of ``extra``: this supervisor's stack, or the one-process stack (``sparkops.onestack``),
+        which is its own supervisor."""
         if self.path is None:
             return
-        state = {"supervisor": _process_entry("supervisor", os.getpid(), self.started_at, 0),
-                 "processes": [_process_entry(child.name, child.process.pid, child.started_at,
-                                              child.starts - 1)
-                               for child in children if child.process is not None]}
+        state = {"supervisor": supervisor, "processes": processes, **extra}
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -164,7 +164,7 @@ def test_the_stack_started_as_root_with_umask_022_keeps_its_data_to_itself(open_
         wait_for_port(port, timeout=90)
         # The stack's own files appear as it runs: the beat schedule, SQLite's WAL, the worker's
         # liveness file; a broker message each time beat sends work.
-        wanted = ["celerybeat-schedule", "sparkops.sqlite3-wal", "worker.alive"]
+        wanted = ["celerybeat-schedule", "sparkops.sqlite3-wal", "worker.alive", "stack-state.json"]
         deadline = time.monotonic() + 60
         while not all(list(data.glob(name + "*")) for name in wanted):
             assert time.monotonic() < deadline, (wanted, sorted(_modes(data)))

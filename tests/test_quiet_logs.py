@@ -44,6 +44,7 @@ NOISE = {
     "access log": re.compile(r'"(GET|POST) /\S* HTTP/1\.[01]" \d{3}'),
     "celery banner": re.compile(r"\[tasks\]|-------------- \[queues\]|\.> transport:"),
     "gunicorn start-up": re.compile(r"Booting worker with pid|Listening at: "),
+    "waitress start-up and queue": re.compile(r"Serving on http|Task queue depth is"),
 }
 
 
@@ -70,6 +71,15 @@ def test_debug_brings_the_access_log_and_the_per_task_lines_back():
     assert _option(web, "--access-logfile") == "-" and _option(web, "--log-level") == "info"
     assert "--quiet" not in worker and "--quiet-tasks" not in worker
     assert _option(worker, "--loglevel") == "DEBUG"
+
+
+def test_the_one_process_logs_a_line_per_request_only_at_debug():
+    quiet = runstack.one_process_command(bind="127.0.0.1:9", node="n1", log_level="INFO")
+    debug = runstack.one_process_command(bind="127.0.0.1:9", node="n1", log_level="DEBUG")
+
+    assert "--access-log" not in quiet and "--quiet-tasks" in quiet
+    assert quiet.index("--quiet") > quiet.index("--")  # celery's banner off, as in its process
+    assert "--access-log" in debug and "--quiet-tasks" not in debug
 
 
 def test_the_supervisor_is_told_where_to_keep_its_state(settings):
@@ -228,8 +238,9 @@ def test_the_first_twenty_seconds_of_a_start_are_a_summary_and_no_per_task_lines
 
 
 @pytest.mark.slow
-def test_debug_shows_every_task_and_request_again(tmp_path):
-    process, port, log = _start(tmp_path, SPARKOPS_LOG_LEVEL="DEBUG")
+@pytest.mark.parametrize("layout", ["one-process", "processes"])
+def test_debug_shows_every_task_and_request_again(tmp_path, layout):
+    process, port, log = _start(tmp_path, SPARKOPS_LOG_LEVEL="DEBUG", SPARKOPS_STACK=layout)
     try:
         wait_for_port(port, timeout=120)
         requests.get(f"http://127.0.0.1:{port}/healthz", timeout=10)

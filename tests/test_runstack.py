@@ -1,8 +1,9 @@
-"""``manage.py runstack``: its process model, the light supervisor it becomes, the worker's beat
-thread and its file-system broker.
+"""``manage.py runstack``: its two layouts (one process, the default, and processes under the
+light supervisor it becomes otherwise), the one process's web server and watchdog, the worker's
+beat thread and its file-system broker.
 
 The whole stack serving pages and samples is ``tests/test_stack.py``; here each part on its own,
-then (slow) the processes that ``runstack`` really leaves running.
+then (slow) the processes that ``runstack`` really leaves running, in each layout.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import contextlib
 import json
 import os
 import signal
+import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -19,11 +22,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import requests
+from django.core.management import CommandError, call_command
 from kombu import Connection
 from kombu.transport import filesystem, virtual
 
 from collectors.management.commands import runstack
-from sparkops import fsbroker, stackworker
+from sparkops import fsbroker, onestack, stackworker
+from sparkops.stackstate import read_stack_state, running_reason
 from sparkops.testing.ports import free_port, wait_for_port
 from tests.conftest import PROJECT, subprocess_env
 
@@ -37,7 +43,7 @@ def _option(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
-def test_default_stack_is_one_web_process_with_threads_and_one_worker_with_beat():
+def test_the_processes_layout_is_one_web_process_with_threads_and_one_worker_with_beat():
     commands = runstack.stack_commands(bind="127.0.0.1:9", node="n1")
 
     assert list(commands) == ["web", "worker"]
@@ -98,6 +104,94 @@ def test_each_stack_runs_gunicorn_without_the_per_user_control_socket():
     web = runstack.stack_commands(bind="127.0.0.1:9", node="n1")["web"]
     assert "--no-control-socket" in web
     assert "--control-socket" not in web
+
+
+# --- the one process -----------------------------------------------------------------------------
+
+
+def test_the_default_stack_is_one_process_with_the_same_worker_and_waitress(settings):
+    settings.SPARKOPS_WORKER_LIVENESS_TIMEOUT = 20
+    argv = runstack.one_process_command(bind="127.0.0.1:9", node="n1")
+    ours, worker = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    heartbeat = runstack.stack_heartbeats()["worker"]
+
+    assert settings.SPARKOPS_STACK == "one-process"
+    assert ours[:3] == [sys.executable, "-m", "sparkops.onestack"]
+    assert _option(ours, "--bind") == "127.0.0.1:9" and _option(ours, "--web-threads") == "4"
+    # The worker of the processes layout, queues, pool, beat thread and liveness file alike.
+    assert worker == runstack.stack_commands(bind="127.0.0.1:9", node="n1")["worker"][5:]
+    assert _option(ours, "--liveness-file") == heartbeat["path"]
+    assert float(_option(ours, "--liveness-timeout")) == heartbeat["timeout"] == 20
+    assert float(_option(ours, "--liveness-startup")) == heartbeat["startup"]
+    assert float(_option(ours, "--watch-interval")) == 5.0
+    assert _option(ours, "--state-file") == str(settings.DATA_DIR / "stack-state.json")
+    assert "--access-log" not in ours
+    debug = runstack.one_process_command(bind="127.0.0.1:9", node="n1", log_level="DEBUG")
+    assert "--access-log" in debug[:debug.index("--")]
+    assert "--beat-thread" not in runstack.one_process_command(bind="h:1", node="n1", beat=False)
+
+
+@pytest.mark.parametrize("option", [["--web-workers", "2"], ["--worker-pool", "prefork"]])
+def test_more_processes_than_one_are_refused_in_one_process(option):
+    with pytest.raises(CommandError, match="run them with --stack processes"):
+        call_command("runstack", "--stack", "one-process", *option)
+
+
+def _hello(environ: dict, start_response) -> list[bytes]:
+    time.sleep(float(environ.get("QUERY_STRING") or 0))
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"hello"]
+
+
+def _refused(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_the_web_server_finishes_its_requests_when_it_stops_and_then_listens_no_more():
+    port = free_port()
+    web = onestack.WebServer(_hello, f"127.0.0.1:{port}", threads=2)
+    web.start()
+    answers: list[requests.Response] = []
+    try:
+        assert requests.get(f"http://127.0.0.1:{port}/", timeout=5).text == "hello"
+        slow = threading.Thread(target=lambda: answers.append(
+            requests.get(f"http://127.0.0.1:{port}/?1.5", timeout=10)))
+        slow.start()
+        time.sleep(0.5)  # the request is in a thread of the server
+        web.stop()
+        slow.join(timeout=15)
+        web.join(timeout=15)
+    finally:
+        web.stop()
+        web.join(timeout=15)
+
+    assert [answer.text for answer in answers] == ["hello"]
+    assert not web.thread.is_alive()
+    assert _refused(port)
+
+
+def test_the_watchdog_names_a_web_server_or_a_worker_that_died_or_fell_silent(tmp_path):
+    alive = tmp_path / "worker.alive"
+    web = onestack.WebServer(_hello, f"127.0.0.1:{free_port()}", threads=1)
+    watchdog = onestack.Watchdog(web, alive, timeout=10, startup=30, interval=1)
+    web.start()
+    try:
+        assert watchdog.problem() is None  # no liveness file yet: within its start-up bound
+        watchdog.started -= 31
+        assert watchdog.problem() == (f"the worker has not touched its liveness file {alive} "
+                                      "in the 31 s since it started")
+        alive.touch()
+        assert watchdog.problem() is None
+        old = time.time() - 12
+        os.utime(alive, (old, old))
+        assert watchdog.problem() == (f"the worker has not touched its liveness file {alive} "
+                                      "for 12 s")
+        alive.touch()
+    finally:
+        web.stop()
+        web.join(timeout=15)
+    assert watchdog.problem() == "the web server's thread has ended"
 
 
 # --- the supervisor -------------------------------------------------------------------------------
@@ -451,12 +545,14 @@ def _cmdline(pid: int) -> str:
 
 
 @pytest.mark.slow
-def test_runstack_leaves_a_light_supervisor_one_web_worker_and_one_celery_worker(tmp_path):
+def test_the_processes_layout_leaves_a_light_supervisor_one_web_worker_and_one_celery_worker(
+        tmp_path):
     port = free_port()
     home = tmp_path / "home"
     home.mkdir()
     env = subprocess_env(SPARKOPS_DATA_DIR=str(tmp_path / "data"), SPARKOPS_NODE_NAME="rs-test",
-                         HOME=str(home), SPARKOPS_WORKER_LIVENESS_TIMEOUT="10")
+                         HOME=str(home), SPARKOPS_WORKER_LIVENESS_TIMEOUT="10",
+                         SPARKOPS_STACK="processes")
     env.pop("XDG_RUNTIME_DIR", None)  # gunicorn would put its control socket there instead
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=PROJECT, env=env,
                    check=True, capture_output=True, timeout=120)
@@ -508,3 +604,101 @@ def test_runstack_leaves_a_light_supervisor_one_web_worker_and_one_celery_worker
         if stack.poll() is None:
             os.killpg(stack.pid, signal.SIGKILL)
         log.close()
+
+
+def _one_process_stack(tmp_path: Path, node: str) -> tuple[subprocess.Popen, int, Path]:
+    port = free_port()
+    env = subprocess_env(SPARKOPS_DATA_DIR=str(tmp_path / "data"), SPARKOPS_NODE_NAME=node)
+    env.pop("SPARKOPS_STACK", None)  # the default
+    env.pop("MALLOC_ARENA_MAX", None)
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=PROJECT, env=env,
+                   check=True, capture_output=True, timeout=120)
+    log = tmp_path / "stack.log"
+    with log.open("w") as output:
+        stack = subprocess.Popen([sys.executable, "manage.py", "runstack", "--bind",
+                                  f"127.0.0.1:{port}"], cwd=PROJECT, env=env, stdout=output,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    return stack, port, log
+
+
+def _collections(database: Path, node: str) -> int:
+    with contextlib.closing(sqlite3.connect(database)) as connection:
+        return connection.execute(
+            "select count(*) from collectors_collection c join collectors_node n "
+            "on n.id = c.node_id where n.name = ? and c.ok", (node,)).fetchone()[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_the_one_process_stack_serves_collects_and_stops_cleanly(tmp_path, stop_signal):
+    data = tmp_path / "data"
+    stack, port, log = _one_process_stack(tmp_path, "one-test")
+    try:
+        wait_for_port(port, timeout=60)
+        assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=10).json()["status"] \
+            == "ok"
+        _wait_for(lambda: "ready." in log.read_text(), "the worker ready", seconds=60)
+
+        # runstack became the one process (same pid), and it started nothing.
+        assert "-m sparkops.onestack" in _cmdline(stack.pid)
+        assert _tree(stack.pid) == [stack.pid]
+        environ = Path(f"/proc/{stack.pid}/environ").read_bytes().split(b"\0")
+        assert b"MALLOC_ARENA_MAX=2" in environ
+        state = read_stack_state(data)
+        assert state.running and state.layout == "one-process"
+        assert state.supervisor.pid == stack.pid and state.processes == ()
+        assert running_reason(data, 60).startswith(f"the stack runs (one process, pid {stack.pid}")
+        # Beat's schedule, sent by its thread, taken by the worker's: live collections.
+        _wait_for(lambda: _collections(data / "sparkops.sqlite3", "one-test") >= 2,
+                  "collections sent by beat", seconds=40)
+        assert (data / "worker.alive").exists()
+
+        stack.send_signal(stop_signal)
+        assert stack.wait(timeout=40) == 0, log.read_text()[-3000:]
+    finally:
+        if stack.poll() is None:
+            os.killpg(stack.pid, signal.SIGKILL)
+            stack.wait()
+    assert not _alive(stack.pid)
+    assert _refused(port)
+    assert not (data / "stack-state.json").exists() and not (data / "worker.alive").exists()
+    assert "Warm shutdown" in log.read_text()
+    assert "Traceback" not in log.read_text()
+
+
+@pytest.mark.slow
+def test_the_one_process_stack_exits_non_zero_when_its_beat_thread_dies(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    # A schedule beat can neither open nor remove: its thread fails as it starts.
+    (data / "celerybeat-schedule.dat").mkdir()
+    stack, port, log = _one_process_stack(tmp_path, "one-fail")
+    try:
+        assert stack.wait(timeout=90) == 1, log.read_text()[-3000:]
+    finally:
+        if stack.poll() is None:
+            os.killpg(stack.pid, signal.SIGKILL)
+            stack.wait()
+    assert "the beat thread stopped while the worker runs; stopping the worker" in log.read_text()
+    assert not (data / "stack-state.json").exists()
+    assert _refused(port)
+
+
+@pytest.mark.slow
+def test_the_one_process_stack_exits_non_zero_when_its_address_is_taken(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = subprocess_env(SPARKOPS_DATA_DIR=str(tmp_path / "data"),
+                             SPARKOPS_NODE_NAME="one-taken")
+        env.pop("SPARKOPS_STACK", None)
+        subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=PROJECT,
+                       env=env, check=True, capture_output=True, timeout=120)
+        stack = subprocess.run([sys.executable, "manage.py", "runstack", "--bind",
+                                f"127.0.0.1:{port}"], cwd=PROJECT, env=env, capture_output=True,
+                               text=True, timeout=120)
+
+    assert stack.returncode == 1
+    assert f"the web server cannot listen on 127.0.0.1:{port}" in stack.stderr
+    assert not (tmp_path / "data" / "stack-state.json").exists()

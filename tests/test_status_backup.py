@@ -35,6 +35,7 @@ from dashboard.notify.models import Channel, Notification
 from dashboard.status import status_report
 from sparkops import backup as backups
 from sparkops.stackstate import read_stack_state, running_reason, started_ticks
+from sparkops.supervise import StateFile, process_entry
 from sparkops.timetext import age_text
 from tests.conftest import PROJECT, subprocess_env
 
@@ -135,6 +136,30 @@ def test_status_names_what_runs_the_last_collection_and_delivery(status_world, t
     assert "delivery:   last at " in text and "(5 min ago): firing to ops (email); 1 waiting" \
         in text
     assert report.lines[-1] == "ready:      yes (database, broker and collection hold)"
+
+
+def _write_one_process_state(data_dir: Path) -> None:
+    """The state file as the one-process stack writes it (``sparkops.onestack``)."""
+    StateFile(str(data_dir / "stack-state.json")).write_entries(
+        process_entry("stack (web, worker with beat, one process)", os.getpid(),
+                      "2026-12-01T03:00:00+00:00", 0), [], layout="one-process")
+
+
+def test_status_names_the_one_process_stack_and_restore_refuses_while_it_runs(status_world,
+                                                                              tmp_path):
+    _write_one_process_state(tmp_path)
+    state = read_stack_state(tmp_path)
+    text = "\n".join(status_report().lines)
+
+    assert state.running and state.layout == "one-process" and state.processes == ()
+    assert (f"stack:      running, stack (web, worker with beat, one process) pid {os.getpid()} "
+            "since 2026-12-01 12:00:00 KST") in text
+    with pytest.raises(backups.BackupError, match=r"^restore refused: the stack runs "
+                                                  rf"\(one process, pid {os.getpid()}, "):
+        backups.restore(FIXTURE_0_1_0, data_dir=tmp_path, liveness_timeout=60)
+    # A state file of the processes layout (or of an older release) says nothing of its layout.
+    _write_state(tmp_path, os.getpid(), {"web": os.getpid()})
+    assert read_stack_state(tmp_path).layout == "processes"
 
 
 def test_status_is_not_ready_with_the_reason_when_collection_stopped(status_world, tmp_path):

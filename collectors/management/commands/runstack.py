@@ -1,16 +1,36 @@
-"""Run the web server and the Celery worker (with beat) together, supervised.
+"""Run the web server and the Celery worker (with beat) of this node: one process, or several.
 
-``bin/sparkops start`` ends here. This command loads Django only to read the settings and run
-the system checks; it then replaces itself (``os.execv``, same pid) with
-``sparkops/supervise.py``, a plain-Python supervisor that imports nothing of Django or the
-project. A process that exits is restarted with a growing delay (1 s doubling to 60 s); the
-worker also touches a liveness file in the data directory, and one that stops touching it for
-``SPARKOPS_WORKER_LIVENESS_TIMEOUT`` seconds (stopped, frozen) is killed and restarted. Only a
-process that crashes again and again (five times in five minutes) stops the whole stack, which
-then exits non-zero, so its own supervisor (systemd, a container) sees the failure.
+``bin/sparkops start`` ends here. This command loads Django to read the settings and run the
+system checks, prints the start-up summary, and then replaces itself (same pid) with the stack
+in the layout ``--stack`` names (default ``SPARKOPS_STACK``, itself ``one-process``):
 
-The process model is chosen for memory: every Django process costs about 55–85 MiB resident,
-and the work is I/O bound (sleeps, sockets, SQLite), so the stack runs as few of them as it can:
+* **one-process** (the default): ``python -m sparkops.onestack``, one Django process holding the
+  Celery worker of this node (main thread; thread pool, its queues, beat as a thread) and
+  waitress (``--web-threads`` threads, WhiteNoise as below) in a thread of its own, with a
+  watchdog thread. It is its own supervisor: when the web server's thread ends or its loop
+  stalls, when the beat thread ends or when the worker stops touching its liveness file for
+  ``SPARKOPS_WORKER_LIVENESS_TIMEOUT`` seconds, it exits 1, for its own supervisor (systemd's
+  ``Restart=on-failure``, a container's restart policy) to start it again; SIGTERM and Ctrl-C
+  stop it cleanly and it exits 0 (see ``sparkops/onestack.py``). No plain-Python supervisor
+  wraps it, even at a terminal: that would cost another process (about 11 MiB) to restart what
+  systemd and containers restart already; at a terminal, the admin sees it exit and why.
+  ``--web-workers`` and ``--worker-pool prefork`` need more processes than one, and are refused.
+* **processes** (``SPARKOPS_STACK=processes``): the layout below, each part a process of its
+  own under ``sparkops/supervise.py``, a plain-Python supervisor that imports nothing of Django
+  or the project. A process that exits is restarted with a growing delay (1 s doubling to
+  60 s); the worker also touches a liveness file in the data directory, and one that stops
+  touching it for ``SPARKOPS_WORKER_LIVENESS_TIMEOUT`` seconds (stopped, frozen) is killed and
+  restarted. Only a process that crashes again and again (five times in five minutes) stops the
+  whole stack, which then exits non-zero, so its own supervisor (systemd, a container) sees the
+  failure. A SIGSTOP of the whole one process is what only this layout's supervisor notices.
+
+The layout is a setting rather than only an option because the service unit and the image run
+``bin/sparkops start`` with fixed arguments: an admin switches in the environment file (or
+compose's ``env_file``), as for every other setting, without editing them.
+
+The parts are chosen for memory: every Django process costs about 55–85 MiB resident, and the
+work is I/O bound (sleeps, sockets, SQLite), so the stack runs as few of them as it can (in the
+processes layout; the one process runs the same worker, and waitress in place of gunicorn):
 
 * **web**: gunicorn, one worker with ``--web-threads`` threads (gthread; static files served
   by WhiteNoise). Each thread has its own database connection, as Django does per thread.
@@ -33,22 +53,24 @@ and the work is I/O bound (sleeps, sockets, SQLite), so the stack runs as few of
 its node's queue only, built by the same ``worker_command`` and supervised the same way.
 
 What runs is kept in ``<data dir>/stack-state.json`` by the supervisor (its pid, each process's
-pid and start; removed when the stack stops), for ``manage.py status`` and ``restore``
-(``sparkops.stackstate``).
+pid and start; removed when the stack stops), or by the one process (its own pid and start,
+``"layout": "one-process"``), for ``manage.py status`` and ``restore`` (``sparkops.stackstate``).
 
 Logs: before the processes start, a summary (``sparkops.startup``: release, address, node,
 database, broker, where the generated admin password is while it is still valid). Then only what
-an admin needs: failures, deliveries, the worker's "ready". gunicorn logs warnings and errors,
-without its access log; the worker runs without Celery's banner and with ``--quiet-tasks`` (no
-line per task). ``SPARKOPS_LOG_LEVEL=DEBUG`` brings the banner, the access log and the per-task
-lines back.
+an admin needs: failures, deliveries, the worker's "ready". The web server (gunicorn, or
+waitress in the one process) logs warnings and errors, without an access log; the worker runs
+without Celery's banner and with ``--quiet-tasks`` (no line per task).
+``SPARKOPS_LOG_LEVEL=DEBUG`` brings the banner, the access log and the per-task lines back.
 
-Both Django processes get ``MALLOC_ARENA_MAX=2`` unless it is set: glibc would give each
-allocating thread an arena of its own (up to 8 per core), each keeping what it freed.
+Every Django process (the one, or both) gets ``MALLOC_ARENA_MAX=2`` unless it is set: glibc
+would give each allocating thread an arena of its own (up to 8 per core), each keeping what it
+freed.
 
-Defaults: supervisor (~11 MiB) + gunicorn master (~26) and worker (~60) + Celery worker with
-beat (~85) — about 180 MiB resident (RSS sum), against about 660 MiB for the former layout
-(Django supervisor, 2 sync web workers, 4 prefork children, a separate beat).
+Defaults, resident after a minute with the overview open (RSS sum): the one process ~95 MiB;
+the processes layout ~200 MiB (supervisor ~12 + gunicorn master ~24 and worker ~76 + Celery
+worker with beat ~89), against about 660 MiB for the layout before it (Django supervisor, 2 sync
+web workers, 4 prefork children, a separate beat).
 """
 
 from __future__ import annotations
@@ -60,7 +82,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from sparkops import stackstate, supervise
 from sparkops.address import bind_argument
@@ -90,11 +112,12 @@ def liveness_interval(timeout: float) -> float:
     return min(5.0, timeout / 4)
 
 
-def worker_command(*, node: str, queues: list[str], worker_pool: str = "threads",
-                   worker_concurrency: int | None = None, beat: bool = False,
-                   log_level: str = "INFO", fleet_node: bool = False) -> list[str]:
-    """The command line of a node's Celery worker consuming ``queues``, with beat in it when
-    ``beat``: the stack's worker and the agent's (``runagent``) alike. ``log_level`` is
+def worker_arguments(*, node: str, queues: list[str], worker_pool: str = "threads",
+                     worker_concurrency: int | None = None, beat: bool = False,
+                     log_level: str = "INFO", fleet_node: bool = False) -> list[str]:
+    """The arguments of ``celery`` (after ``-A sparkops.stackworker``) that run a node's worker
+    consuming ``queues``, with beat in it when ``beat``: the stack's worker, the agent's
+    (``runagent``) and the one process's (``sparkops.onestack``) alike. ``log_level`` is
     ``SPARKOPS_LOG_LEVEL``: below DEBUG, no line per task. ``fleet_node`` (the agent) leaves
     out Celery's event heartbeats and remote control, which nothing of SparkOps reads, and keeps
     its unacknowledged messages under its own keys (``sparkops.stackworker.FleetNode``), so
@@ -102,7 +125,6 @@ def worker_command(*, node: str, queues: list[str], worker_pool: str = "threads"
     concurrency = worker_concurrency or DEFAULT_WORKER_CONCURRENCY[worker_pool]
     verbose = log_level == "DEBUG"
     worker = [
-        sys.executable, "-m", "celery", "-A", "sparkops.stackworker",
         *([] if verbose else ["--quiet"]),
         "worker", "--loglevel", log_level,
         *([] if verbose else ["--quiet-tasks"]),
@@ -118,6 +140,13 @@ def worker_command(*, node: str, queues: list[str], worker_pool: str = "threads"
     if fleet_node:
         worker += ["--without-heartbeat", "--fleet-node"]
     return worker
+
+
+def worker_command(**arguments) -> list[str]:
+    """The command line of a node's Celery worker as a process of its own (``runstack
+    --stack processes``, ``runagent``); ``arguments`` as ``worker_arguments``'."""
+    return [sys.executable, "-m", "celery", "-A", "sparkops.stackworker",
+            *worker_arguments(**arguments)]
 
 
 def stack_commands(*, bind: str, node: str, web_workers: int = 1, web_threads: int = 4,
@@ -139,6 +168,30 @@ def stack_commands(*, bind: str, node: str, web_workers: int = 1, web_threads: i
         *(["--access-logfile", "-"] if verbose else []),
     ]
     return {"web": web, "worker": worker}
+
+
+def one_process_command(*, bind: str, node: str, web_threads: int = 4, beat: bool = True,
+                        worker_concurrency: int | None = None,
+                        log_level: str = "INFO") -> list[str]:
+    """The command line of the one-process stack (``sparkops.onestack``): waitress with
+    ``web_threads`` threads on ``bind`` and the node's worker (thread pool, with beat in it
+    when ``beat``), watched with the supervisor's heartbeat bounds (``stack_heartbeats``)."""
+    heartbeat = stack_heartbeats()["worker"]
+    worker = worker_arguments(node=node, queues=worker_queues(node), worker_pool="threads",
+                              worker_concurrency=worker_concurrency, beat=beat,
+                              log_level=log_level)
+    return [
+        sys.executable, "-m", "sparkops.onestack", "--bind", bind,
+        "--web-threads", str(web_threads),
+        *(["--access-log"] if log_level == "DEBUG" else []),
+        "--name", "stack (web, worker" + (" with beat" if beat else "") + ", one process)",
+        "--state-file", str(state_file()),
+        "--liveness-file", heartbeat["path"],
+        "--liveness-timeout", f"{heartbeat['timeout']:g}",
+        "--liveness-startup", f"{heartbeat['startup']:g}",
+        "--watch-interval", f"{liveness_interval(heartbeat['timeout']):g}",
+        "--", *worker,
+    ]
 
 
 def stack_env(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
@@ -195,32 +248,53 @@ def add_worker_arguments(parser: CommandParser) -> None:
 
 
 class Command(BaseCommand):
-    help = ("Run gunicorn and the Celery worker of this node with beat in it, supervised "
-            "together: restarted when they crash or fall silent (see the module's docstring).")
+    help = ("Run the web server and the Celery worker of this node with beat in it: one process "
+            "(default) or gunicorn and the worker under a supervisor (see the module's "
+            "docstring).")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--bind", type=bind_argument, default=settings.SPARKOPS_BIND,
                             help="address of the web server, HOST or HOST:PORT (SPARKOPS_BIND)")
-        parser.add_argument("--web-workers", type=_positive, default=1,
-                            help="gunicorn worker processes (default 1)")
+        parser.add_argument("--stack", choices=stackstate.LAYOUTS, default=settings.SPARKOPS_STACK,
+                            help="one-process (default): web server and worker in one process; "
+                                 "processes: gunicorn and the worker under a supervisor "
+                                 "(SPARKOPS_STACK)")
+        parser.add_argument("--web-workers", type=_positive, default=None,
+                            help="gunicorn worker processes (default 1; --stack processes)")
         parser.add_argument("--web-threads", type=_positive, default=4,
-                            help="threads per gunicorn worker (default 4)")
+                            help="web server threads (per gunicorn worker; default 4)")
         add_worker_arguments(parser)
         parser.add_argument("--no-beat", action="store_true",
                             help="for a fleet: only one node (or the central host) runs beat")
 
     def handle(self, *args, **options) -> None:
-        commands = stack_commands(
-            bind=options["bind"], node=settings.SPARKOPS_NODE_NAME,
-            web_workers=options["web_workers"], web_threads=options["web_threads"],
-            worker_pool=options["worker_pool"], worker_concurrency=options["worker_concurrency"],
-            beat=not options["no_beat"], log_level=settings.SPARKOPS_LOG_LEVEL,
-        )
-        env = stack_env(os.environ)
+        one_process = options["stack"] == stackstate.ONE_PROCESS
+        if one_process:
+            wrong = [option for option, value in (("--web-workers", options["web_workers"]),
+                                                  ("--worker-pool prefork",
+                                                   options["worker_pool"] == "prefork"))
+                     if value]
+            if wrong:
+                raise CommandError(f"{' and '.join(wrong)}: more processes than one; run "
+                                   "them with --stack processes (SPARKOPS_STACK=processes)")
         parts = "web, worker" + ("" if options["no_beat"] else " with beat")
         for line in summary_lines(bind=options["bind"], parts=parts):
             self.stdout.write(line)
         self.stdout.flush()
         sys.stderr.flush()
+        env = stack_env(os.environ)
+        if one_process:
+            argv = one_process_command(
+                bind=options["bind"], node=settings.SPARKOPS_NODE_NAME,
+                web_threads=options["web_threads"], beat=not options["no_beat"],
+                worker_concurrency=options["worker_concurrency"],
+                log_level=settings.SPARKOPS_LOG_LEVEL)
+            os.execve(argv[0], argv, {**os.environ, **env["worker"]})
+        commands = stack_commands(
+            bind=options["bind"], node=settings.SPARKOPS_NODE_NAME,
+            web_workers=options["web_workers"] or 1, web_threads=options["web_threads"],
+            worker_pool=options["worker_pool"], worker_concurrency=options["worker_concurrency"],
+            beat=not options["no_beat"], log_level=settings.SPARKOPS_LOG_LEVEL,
+        )
         argv = supervisor_argv(commands, env, stack_heartbeats(), state_file())
         os.execv(argv[0], argv)
