@@ -555,7 +555,7 @@ def run(profile: Profile, workdir: Path, podman: Podman, docker_host: str,
         count = int(profile.fleet_minutes * 60 / profile.fleet_sample_every_s) + 1
         start = time.monotonic() + 1
         sampler = Sampler(
-            {"centre": ({centre.child.pid: "runstack supervisor"}, True),
+            {"centre": ({centre.child.pid: "the centre's stack"}, True),
              "postgresql": ({probe.postmaster_pid: "postgres"}, False),
              "redis": ({redis.pid: "redis-server"}, False),
              "nodes": ({child.pid: "node worker" for child in children}, False)},

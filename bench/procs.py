@@ -74,7 +74,9 @@ def _role(process: psutil.Process, parent_role: str | None, default: str) -> str
         cmdline = " ".join(process.cmdline())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return default
-    if "runstack" in cmdline or "supervise.py" in cmdline:  # runstack execs the supervisor
+    if "sparkops.onestack" in cmdline:  # runstack execs the one process (the default stack)
+        return "one process (worker, beat, web)"
+    if "runstack" in cmdline or "supervise.py" in cmdline:  # or, with processes, the supervisor
         return "runstack supervisor"
     if "gunicorn" in cmdline:
         return "gunicorn worker" if parent_role == "gunicorn master" else "gunicorn master"

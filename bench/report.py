@@ -220,9 +220,10 @@ def footprint_section(results: dict) -> list[str]:
     lines += [
         f"Both stacks monitor the same {live['engines']} emulated engines (one Podman container "
         f"each) and this node at a 5 s interval, in the same run. SparkOps runs as "
-        f"`bin/sparkops start` runs it (`manage.py runstack`: a plain-Python supervisor, "
-        f"gunicorn with 1 worker of 4 threads, one Celery worker with 8 threads and beat as a "
-        f"thread inside it; SQLite and the embedded file-system broker, so no broker process), "
+        f"`bin/sparkops start` runs it (`manage.py runstack`: one process, the Celery worker "
+        f"with 8 threads and beat as a thread inside it, and the web server, waitress with 4 "
+        f"threads, in a thread of the same process; SQLite and the embedded file-system "
+        f"broker, so no broker process), "
         f"with one overview tab open (headroom and engine cards every 5 s, the "
         f"1 h chart every 15 s) and the alert trials of §3 firing and resolving meanwhile. The "
         f"trio is Prometheus (scrape and evaluation every 5 s, the comparable rules of §3), "

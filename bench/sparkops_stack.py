@@ -71,8 +71,8 @@ def prepare(env: dict[str, str]) -> None:
 
 
 class SparkOpsStack:
-    """``manage.py runstack`` with its defaults: the supervisor, gunicorn (1 worker, 4 threads),
-    the Celery worker (8 threads, beat in a thread)."""
+    """``manage.py runstack`` with its defaults: one process, the Celery worker (8 threads,
+    beat in a thread) with the web server (waitress, 4 threads) in a thread of its own."""
 
     def __init__(self, env: dict[str, str], log_dir: Path) -> None:
         self.port = free_port()
