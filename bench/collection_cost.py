@@ -131,6 +131,7 @@ def measure_size(cycle: Cycle, engines: int, cycles: int) -> dict:
     for _ in range(cycles):
         cycle.force_log_refresh()
         parts["engines_logs"].append(timed(cycle.engines)[0])
+    queries = count_queries(cycle)
     summaries = {name: summarize(values) for name, values in parts.items()}
     per_cycle = [e + (logs - e) / CYCLES_PER_LOG_REFRESH + ledger + alerts
                  for e, logs, ledger, alerts in zip(parts["engines"], parts["engines_logs"],
@@ -139,11 +140,29 @@ def measure_size(cycle: Cycle, engines: int, cycles: int) -> dict:
     result = {name: s.as_dict() for name, s in summaries.items() if s}
     result["cycle_cpu"] = summarize(per_cycle).as_dict()
     result["engines_present"] = engines
+    result["queries"] = queries
     print(f"  {engines:3d} engines: cycle {result['cycle_cpu']['median']:.1f} ms CPU "
           f"(engines {result['engines']['median']:.1f}, ledger {result['ledger']['median']:.1f},"
           f" alerts {result['alerts']['median']:.1f}); engine collection wall "
-          f"{result['engines_wall']['median']:.0f} ms", flush=True)
+          f"{result['engines_wall']['median']:.0f} ms; queries {queries['engines']} + "
+          f"{queries['ledger']} + {queries['alerts']}", flush=True)
     return result
+
+
+def count_queries(cycle: Cycle) -> dict[str, int]:
+    """The database queries of one more cycle, part by part (not timed: counting them turns
+    on Django's query log, which costs CPU of its own)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    figures = cycle.figures()
+    counts = {}
+    for name, call in (("engines", cycle.engines), ("ledger", lambda: cycle.ledger(figures)),
+                       ("alerts", cycle.alerts)):
+        with CaptureQueriesContext(connection) as captured:
+            call()
+        counts[name] = len(captured.captured_queries)
+    return counts
 
 
 def growth_exponent(sizes: dict[int, dict]) -> float | None:

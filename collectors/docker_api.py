@@ -203,11 +203,13 @@ def discover_engines(engine: docker.DockerClient, *, proc_root: Path = Path("/pr
     Only containers whose labels match ``SPARKOPS_ENGINE_LABEL_SELECTOR`` are listed, when it
     is set (:func:`label_selector`).
     """
+    global _memory_cgroups
     selector = label_selector()
     try:
         listed = engine.api.containers(all=True, filters={"label": selector}) if selector \
             else engine.api.containers(all=True)
         found = []
+        running_cgroups: dict[str, Path | None] = {}
         for summary in listed:
             seen = _inspect(engine, summary, _inspected.get(summary["Id"]), proc_root)
             _inspected[summary["Id"]] = seen
@@ -217,16 +219,33 @@ def discover_engines(engine: docker.DockerClient, *, proc_root: Path = Path("/pr
                 memory = None
                 if (seen.attrs.get("State") or {}).get("Status") == "running":
                     memory = _cgroup_memory(seen.memory_file, cgroup_root)
+                    running_cgroups[summary["Id"]] = _cgroup_dir(seen.memory_file, cgroup_root)
                     if memory is None:
                         memory = _memory_usage(engine, seen.attrs["Id"])
                 found.append(_engine_container(seen.attrs, memory, kind))
     except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
         _api_versions.clear()
         _inspected.clear()
+        _memory_cgroups = {}
         raise ContainerEngineError(f"container engine error: {error}") from None
     for gone in _inspected.keys() - {summary["Id"] for summary in listed}:
         _inspected.pop(gone, None)
+    _memory_cgroups = running_cgroups  # one assignment: a reader never sees half of it
     return found
+
+
+# container id -> the directory of its memory cgroup, for the engines the last discovery in this
+# process found running (None where /proc or the cgroup files do not show it)
+_memory_cgroups: dict[str, Path | None] = {}
+
+
+def memory_cgroup(container_id: str) -> Path | None:
+    """The directory of the cgroup a running engine container's memory is counted in, as the
+    last discovery in this process found it: its first process was seen in ``/proc`` inside
+    that cgroup. None when no discovery here found it running, or where the cgroup files do not
+    show it (another cgroup namespace). The ledger lists the container's processes from it
+    instead of reading every process's cgroup file."""
+    return _memory_cgroups.get(container_id)
 
 
 # --- inspecting only what may have changed ----------------------------------------------------
@@ -284,6 +303,11 @@ def _memory_file(cgroups: dict[str, str]) -> str | None:
     if "" in cgroups:
         return f"{cgroups['']}/memory.current"
     return None
+
+
+def _cgroup_dir(memory_file: str | None, cgroup_root: Path) -> Path | None:
+    """The cgroup directory that holds ``memory_file`` (:func:`_memory_file`)."""
+    return None if memory_file is None else (cgroup_root / memory_file).parent
 
 
 def _cgroup_memory(memory_file: str | None, cgroup_root: Path) -> int | None:

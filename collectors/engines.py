@@ -22,6 +22,7 @@ import os
 import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from copy import deepcopy
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -106,15 +107,15 @@ def collect_engines(
     _forget_logs_except({c.id for c in containers})
 
     readers = {c.id: reader_for(c.kind) for c in containers}
-    configs = {c.id: _parse_config(c, readers[c.id]) for c in containers}
-    urls = {c.id: _metrics_url(c, configs[c.id][0], readers[c.id]) for c in containers}
+    launches = {c.id: _launch_of(c, readers[c.id]) for c in containers}
+    urls = {c.id: _metrics_url(c, launches[c.id].config, readers[c.id]) for c in containers}
     outcomes = _scrape_all({cid: url for cid, url in urls.items() if url}, readers)
     gpu_by_container = _gpu_memory_by_container(gpu, proc_root) if gpu else {}
 
     known = {e.name: e for e in Engine.objects.filter(node=node)}
     present, samples, events = [], [], []
     for container in containers:
-        config, config_error = configs[container.id]
+        launch = launches[container.id]
         outcome = outcomes.get(container.id)
         holdings = _router_holdings(container, outcome, proc_root) \
             if container.kind == "llamaswap" else None
@@ -122,8 +123,8 @@ def collect_engines(
         if holdings is not None:
             gpu_memory = _gpu_by_holder(gpu, holdings, proc_root).get("") if gpu else None
             container = replace(container, memory_usage_bytes=holdings.router_bytes)
-        seen = _Seen(container, readers[container.id], config, config_error, urls[container.id],
-                     outcome, gpu_memory)
+        seen = _Seen(container, readers[container.id], launch.config, launch.config_error,
+                     urls[container.id], outcome, gpu_memory, launch)
         engine, changed = _update_engine(node, api, known.get(container.name), seen, now,
                                          proc_root, samples, events)
         present.append((engine, changed))
@@ -154,6 +155,50 @@ def _parse_config(container: EngineContainer, reader: KindReader) -> tuple[Launc
         return None, ray_node or str(error)
 
 
+@dataclass(frozen=True)
+class _Launched:
+    """What a container's launch says, read from its kind, command line, environment and
+    labels alone: those masked as they are stored, its launch settings (or why not) and its
+    span fields. Each caller gets copies (:meth:`copy`)."""
+
+    command: list[str]
+    env: dict[str, str]
+    labels: dict[str, str]
+    config: Launch | None
+    config_error: str
+    span_key: str
+    span: dict[str, Any]
+
+    def copy(self) -> _Launched:
+        config = None if self.config is None else replace(self.config,
+                                                          config=deepcopy(self.config.config))
+        return replace(self, command=list(self.command), env=dict(self.env),
+                       labels=dict(self.labels), config=config, span=deepcopy(self.span))
+
+
+# Launch key (kind, command, environment, labels) -> what it says. A container's launch does
+# not change while it exists, so it is masked and parsed once, not at every collection.
+_launched: dict[tuple, _Launched] = {}
+_LAUNCHED_KEPT = 512
+
+
+def _launch_of(container: EngineContainer, reader: KindReader) -> _Launched:
+    """:class:`_Launched` for the container: read once per launch, a copy each time."""
+    key = (container.kind, tuple(container.command), tuple(container.env.items()),
+           tuple(container.labels.items()))
+    found = _launched.get(key)
+    if found is None:
+        config, config_error = _parse_config(container, reader)
+        span_key, span = span_fields(container, config)
+        found = _Launched(command=mask_command(container.command), env=mask_env(container.env),
+                          labels=mask_env(container.labels), config=config,
+                          config_error=config_error, span_key=span_key, span=span)
+        if len(_launched) >= _LAUNCHED_KEPT:
+            _launched.clear()
+        _launched[key] = found
+    return found.copy()
+
+
 def _metrics_url(container: EngineContainer, launch: Launch | None,
                  reader: KindReader) -> str | None:
     port = launch.port if launch else reader.default_port
@@ -177,9 +222,34 @@ def _scrape_all(urls: dict[str, str], readers: dict[str, KindReader]
             # The reason may quote the URL, whose credentials (a sparkops.url label) stay here.
             return ScrapeOutcome(error=mask_text(str(error)))
 
-    with ThreadPoolExecutor(max_workers=min(len(urls), 8)) as pool:
-        futures = {cid: pool.submit(one, cid, url) for cid, url in urls.items()}
-        return {cid: future.result() for cid, future in futures.items()}
+    pool = _scrape_pool()
+    futures = {cid: pool.submit(one, cid, url) for cid, url in urls.items()}
+    return {cid: future.result() for cid, future in futures.items()}
+
+
+# The threads that read the engines, kept between collections (starting them anew for every
+# collection cost more than the reads of a few engines). At most this many reads at once.
+SCRAPE_THREADS = 8
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _scrape_pool() -> ThreadPoolExecutor:
+    """This process's scrape threads, started on first use (a forked child starts its own)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=SCRAPE_THREADS,
+                                       thread_name_prefix="sparkops-scrape")
+        return _pool
+
+
+def _forget_pool_after_fork() -> None:
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()  # the parent's threads do not exist here
+
+
+os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
 def _gpu_memory_by_container(gpu: GpuReport, proc_root: Path) -> dict[str, int | None]:
@@ -210,6 +280,7 @@ class _Seen:
     url: str | None
     outcome: ScrapeOutcome | None
     gpu_memory: int | None
+    launched: _Launched | None = None  # the launch's masked words and span (None: read here)
 
 
 def _update_engine(node: Node, api: docker.DockerClient, engine: Engine | None, seen: _Seen,
@@ -305,10 +376,13 @@ def _copy_container(engine: Engine, seen: _Seen, phase: str, now: datetime) -> N
     engine.started_at = container.started_at
     engine.restart_count = container.restart_count
     engine.exit_code = container.exit_code
+    launched = seen.launched or _Launched(
+        mask_command(container.command), mask_env(container.env), mask_env(container.labels),
+        seen.config, seen.config_error, *span_fields(container, seen.config))
     # Stored masked only: the flags SparkOps reads come from the masked command too.
-    engine.command = mask_command(container.command)
-    engine.labels = mask_env(container.labels)
-    engine.env = mask_env(container.env)
+    engine.command = launched.command
+    engine.labels = launched.labels
+    engine.env = launched.env
     engine.model_bytes_per_token = _model_bytes_per_token(seen.config, engine.model_config) \
         or engine.model_bytes_per_token
     engine.config = seen.config.config if seen.config else {}
@@ -318,7 +392,7 @@ def _copy_container(engine: Engine, seen: _Seen, phase: str, now: datetime) -> N
     engine.gpu_memory_bytes = seen.gpu_memory
     engine.present = True
     engine.last_seen = now
-    engine.span_key, engine.span = span_fields(container, seen.config)
+    engine.span_key, engine.span = launched.span_key, launched.span
 
 
 @dataclass

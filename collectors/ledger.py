@@ -23,6 +23,7 @@ other process by name.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -31,11 +32,13 @@ from typing import Any
 import psutil
 from django.conf import settings
 
+from collectors.docker_api import memory_cgroup
 from collectors.models import Engine, LedgerChange, Node
 from collectors.processes import ProcessGroup, memory_by_process_name
 from collectors.procfs import (
     cgroup_entries,
     cgroup_path_in_hierarchy,
+    container_id_in_cgroup_path,
     container_ids_for_pids,
     in_memory_cgroup,
 )
@@ -433,9 +436,54 @@ def dip_figures(previous: dict, figures: dict[str, Any]
 
 
 def engine_processes(container_ids: set[str]) -> dict[str, list[int]]:
-    """container id -> the PIDs that belong to it (read from each process's cgroup)."""
+    """container id -> the PIDs that belong to it, lowest first: the processes whose cgroup
+    file names the container.
+
+    Each container's processes are listed from its own memory cgroup (``cgroup.procs`` there
+    and below, as the discovery found it, :func:`collectors.docker_api.memory_cgroup`), each
+    one's cgroup file confirming it: a few reads per engine. Where a container's cgroup is not
+    known or not readable, every process of the host is read instead (its cgroup file each).
+    """
     if not container_ids:
         return {}
+    found: dict[str, list[int]] = {}
+    for cid in container_ids:
+        pids = _pids_in_container_cgroup(cid)
+        if pids is None:
+            return _engine_processes_by_walk(container_ids)
+        if pids:
+            found[cid] = pids
+    return found
+
+
+def _pids_in_container_cgroup(container_id: str) -> list[int] | None:
+    """The container's PIDs from its memory cgroup and those below it; None when that cgroup
+    is not known, not the container's own, or not readable, or a PID in it is not confirmed
+    by its cgroup file as the container's."""
+    directory = memory_cgroup(container_id)
+    if directory is None or container_id_in_cgroup_path(str(directory)) != container_id:
+        return None
+    pids: set[int] = set()
+    try:
+        for folder, _, _ in os.walk(directory, onerror=_raise):
+            with open(os.path.join(folder, "cgroup.procs"), "rb") as file:
+                pids.update(int(line) for line in file.read().split())
+    except (OSError, ValueError):
+        return None
+    owners = container_ids_for_pids(pids)
+    # A PID that exited since the listing has no cgroup file left (None); one whose cgroup file
+    # names another container first (a nested one) is counted for that one by the host walk.
+    if any(cid not in (None, container_id) for cid in owners.values()):
+        return None
+    return sorted(pid for pid, cid in owners.items() if cid == container_id)
+
+
+def _raise(error: OSError) -> None:
+    raise error
+
+
+def _engine_processes_by_walk(container_ids: set[str]) -> dict[str, list[int]]:
+    """:func:`engine_processes` from every process's cgroup file (one pass over /proc)."""
     found: dict[str, list[int]] = {}
     for pid, cid in container_ids_for_pids(psutil.pids()).items():
         if cid in container_ids:

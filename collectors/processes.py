@@ -1,14 +1,22 @@
 """The host's process table, for the "everything else" part of the memory ledger.
 
-One seam (psutil, reading /proc) and one function: resident memory by process name, largest
-first. Engine processes are left out by PID so that nothing is counted twice.
+One function: resident memory by process name, largest first. Engine processes are left out by
+PID so that nothing is counted twice. Names and sizes are psutil's (``Process.name()`` and
+``memory_info().rss``), read straight from ``/proc`` in one pass: the ledger reads the whole
+table every collection, and psutil's objects around the same few reads cost several times the
+reads themselves.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
-import psutil
+# The kernel keeps a process's name (``comm``) to TASK_COMM_LEN - 1 characters; a name that long
+# may be cut, and is then completed from the command line as psutil does.
+COMM_LENGTH = 15
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass(frozen=True)
@@ -18,15 +26,68 @@ class ProcessGroup:
     count: int
 
 
-def memory_by_process_name(exclude_pids: set[int] = frozenset()) -> list[ProcessGroup]:
-    """Resident memory summed per process name, largest first. Cost: one pass over /proc."""
+def memory_by_process_name(exclude_pids: set[int] = frozenset(),
+                           proc_root: Path = Path("/proc")) -> list[ProcessGroup]:
+    """Resident memory summed per process name, largest first. Cost: one pass over /proc
+    (``stat`` and ``statm`` of every process, ``cmdline`` of those whose name may be cut)."""
     totals: dict[str, list[int]] = {}
-    for process in psutil.process_iter(["pid", "name", "memory_info"]):
-        info = process.info
-        if info["pid"] in exclude_pids or info.get("memory_info") is None:
+    for pid, name, rss in process_table(proc_root):
+        if pid in exclude_pids or rss is None:
             continue
-        entry = totals.setdefault(info["name"] or f"pid {info['pid']}", [0, 0])
-        entry[0] += info["memory_info"].rss
+        entry = totals.setdefault(name or f"pid {pid}", [0, 0])
+        entry[0] += rss
         entry[1] += 1
     groups = [ProcessGroup(name, rss, count) for name, (rss, count) in totals.items()]
     return sorted(groups, key=lambda group: group.rss_bytes, reverse=True)
+
+
+def process_table(proc_root: Path = Path("/proc")) -> list[tuple[int, str, int | None]]:
+    """``(pid, name, resident bytes)`` of every process, by PID; a process that exits while it
+    is read is left out, and a size that may not be read is None."""
+    root = os.fspath(proc_root)
+    try:
+        pids = sorted(int(entry) for entry in os.listdir(root) if entry.isdigit())
+    except OSError:
+        return []
+    table = []
+    for pid in pids:
+        base = f"{root}/{pid}"
+        try:
+            with open(f"{base}/stat", "rb") as file:
+                stat = file.read()
+        except OSError:
+            continue  # exited
+        name = stat[stat.find(b"(") + 1:stat.rfind(b")")].decode("utf-8", "surrogateescape")
+        if len(name) >= COMM_LENGTH:
+            try:
+                name = _completed_name(base, name)
+            except FileNotFoundError:
+                continue  # exited
+            except OSError:
+                pass  # not readable: the cut name, as psutil keeps it
+        try:
+            with open(f"{base}/statm", "rb") as file:
+                rss: int | None = int(file.readline().split()[1]) * PAGE_SIZE
+        except PermissionError:
+            rss = None
+        except (OSError, IndexError, ValueError):
+            continue  # exited
+        table.append((pid, name, rss))
+    return table
+
+
+def _completed_name(base: str, name: str) -> str:
+    """A cut name completed from the command line's first word, where that word's file name
+    begins with it (psutil's rule: "gnome-keyring-d" is "gnome-keyring-daemon")."""
+    with open(f"{base}/cmdline", encoding="utf-8", errors="surrogateescape") as file:
+        data = file.read()
+    if not data:
+        return name  # a zombie or a kernel thread
+    separator = "\0" if data.endswith("\0") else " "
+    if data.endswith(separator):
+        data = data[:-1]
+    words = data.split(separator)
+    if separator == "\0" and len(words) == 1 and " " in data:
+        words = data.split(" ")  # a title rewritten with spaces (setproctitle)
+    extended = os.path.basename(words[0])
+    return extended if extended.startswith(name) else name

@@ -24,9 +24,10 @@ from collectors.heartbeat import is_unreachable
 from collectors.models import Engine, Node
 from dashboard.alerting.conditions import Condition
 from dashboard.alerting.models import OPEN_STATES, Alert
+from dashboard.alerting.recent import one_read
 from dashboard.alerting.rules import RULES
 from dashboard.alerting.rules.node_unreachable import NAME as NODE_UNREACHABLE
-from dashboard.alerting.settings import all_rule_settings
+from dashboard.alerting.settings import all_rule_settings, read_once
 
 UNREACHABLE = "unreachable"  # its last beat is older than the bound
 RETURNING = "returning"  # beating again, not yet collected since it went silent
@@ -47,21 +48,25 @@ def evaluate_rules(node: Node, now: datetime, *, held: str | None = None) -> Eva
     node-unreachable while the node is held (:func:`contact_hold`, unless the caller passes
     what it found).
 
-    Cost: one query for the settings of every rule and one for the engines, plus each rule's
-    own queries; for a node that beats, one more for its open node-unreachable alert.
+    Cost: one query for the settings of every rule (read once for the round, including the
+    rules that read another rule's settings) and one for the engines, plus each rule's
+    own queries, the engines' recent samples read once per metric for all rules
+    (``dashboard.alerting.recent``); for a node that beats, one more for its open
+    node-unreachable alert.
     """
     if held is None:
         held = contact_hold(node, now)
     ledger = node.ledger or {}
     engines = list(Engine.objects.filter(node=node, present=True))
-    settings = all_rule_settings()
     result = Evaluation(held=held)
-    for name, rule in RULES.items():
-        if not settings[name].enabled or (held and name != NODE_UNREACHABLE):
-            continue
-        result.evaluated.add(name)
-        result.conditions.extend(rule.evaluate(node, ledger, engines,
-                                               dict(settings[name].thresholds), now))
+    with read_once(), one_read(engines):
+        settings = all_rule_settings()
+        for name, rule in RULES.items():
+            if not settings[name].enabled or (held and name != NODE_UNREACHABLE):
+                continue
+            result.evaluated.add(name)
+            result.conditions.extend(rule.evaluate(node, ledger, engines,
+                                                   dict(settings[name].thresholds), now))
     return result
 
 

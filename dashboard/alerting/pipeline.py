@@ -18,6 +18,7 @@ from dashboard.alerting.evaluation import contact_hold, evaluate_rules
 from dashboard.alerting.lifecycle import Notice, alert_as_dict, evaluate
 from dashboard.alerting.models import OPEN_STATES, Alert
 from dashboard.alerting.rules.node_unreachable import NAME as NODE_UNREACHABLE
+from dashboard.alerting.settings import read_once
 from dashboard.notify.outbox import enqueue
 from dashboard.notify.payloads import build_alert_message
 from dashboard.restarts.unplanned import record_unplanned_restarts
@@ -33,9 +34,10 @@ def run_alerts(node: Node, now: datetime) -> list[Notice]:
     held = contact_hold(node, now)
     if not held:  # first: the rules read the restarts it records
         record_unplanned_restarts(node, now)
-    round_ = evaluate_rules(node, now, held=held)
-    notices = evaluate(node, round_.conditions, now, evaluated_rules=round_.evaluated,
-                       on_notice=lambda notice: queue_notice(notice, node, now))
+    with read_once():  # the rules and the lifecycle judge by one read of the settings
+        round_ = evaluate_rules(node, now, held=held)
+        notices = evaluate(node, round_.conditions, now, evaluated_rules=round_.evaluated,
+                           on_notice=lambda notice: queue_notice(notice, node, now))
     _record_stalls(node, now)
     return notices
 

@@ -11,6 +11,9 @@ default"). :func:`rule_settings` merges the two.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,15 +140,43 @@ def _stored_threshold_problem(defaults: Rule, key: str, value: Any) -> str | Non
 
 
 def rule_settings(rule: str) -> EffectiveSetting:
-    """The settings in force for ``rule`` (one query). Raises :class:`UnknownRule`."""
+    """The settings in force for ``rule`` (one query; none within :func:`read_once`). Raises
+    :class:`UnknownRule`."""
     defaults = rule_defaults(rule)
+    held = _held.get()
+    if held is not None:
+        return held[rule]
     return merge(defaults, RuleSetting.objects.filter(rule=rule).first())
 
 
 def all_rule_settings() -> dict[str, EffectiveSetting]:
-    """The settings in force for every rule, in documentation order (one query)."""
+    """The settings in force for every rule, in documentation order (one query; none within
+    :func:`read_once`)."""
+    held = _held.get()
+    if held is not None:
+        return dict(held)
     stored = {row.rule: row for row in RuleSetting.objects.filter(rule__in=RULES)}
     return {rule: merge(defaults, stored.get(rule)) for rule, defaults in RULES.items()}
+
+
+# The settings read for one evaluation round (:func:`read_once`).
+_held: ContextVar[dict[str, EffectiveSetting] | None] = ContextVar("rule_settings_held",
+                                                                   default=None)
+
+
+@contextmanager
+def read_once() -> Iterator[None]:
+    """Within it every question about the settings in force is answered from one read: an
+    evaluation round's rules (including one that reads another rule's threshold) and its alert
+    lifecycle judge by the same values, for one query. Nested, the outer read holds."""
+    if _held.get() is not None:
+        yield
+        return
+    token = _held.set(all_rule_settings())
+    try:
+        yield
+    finally:
+        _held.reset(token)
 
 
 

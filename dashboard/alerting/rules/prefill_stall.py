@@ -12,8 +12,9 @@ import statistics
 from datetime import datetime, timedelta
 from typing import Any
 
-from collectors.models import Engine, EngineMetric, EngineSample, Node
+from collectors.models import Engine, EngineMetric, Node
 from dashboard.alerting.conditions import Condition
+from dashboard.alerting.recent import engine_samples
 from dashboard.alerting.rules.base import Rule, ThresholdSpec, unknown_reason
 
 
@@ -58,20 +59,18 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
 
 
 def _recent_decode_peak(engine: Engine, now: datetime, seconds: float) -> float | None:
-    """The highest decode rate sampled in the last ``seconds`` (one query); None without one."""
-    values = list(EngineSample.objects.filter(
-        engine=engine, metric=EngineMetric.DECODE_TPS, at__gte=now - timedelta(seconds=seconds),
-    ).values_list("value", flat=True))
+    """The highest decode rate sampled in the last ``seconds``; None without one."""
+    values = [value for _, value in engine_samples(engine, EngineMetric.DECODE_TPS,
+                                                    now - timedelta(seconds=seconds))]
     return max(values) if values else None
 
 
 def _decode_baseline(engine: Engine, now: datetime) -> float | None:
-    """The median non-zero decode rate of the last 10 min (one query, at most 500 rows); None
-    with fewer than three samples, too few to call a rate usual."""
-    values = list(EngineSample.objects.filter(
-        engine=engine, metric=EngineMetric.DECODE_TPS, at__gte=now - timedelta(minutes=10),
-        value__gt=0,
-    ).values_list("value", flat=True)[:500])
+    """The median non-zero decode rate of the last 10 min (at most 500 samples); None with
+    fewer than three samples, too few to call a rate usual."""
+    values = [value for _, value in engine_samples(engine, EngineMetric.DECODE_TPS,
+                                                    now - timedelta(minutes=10))
+              if value is not None and value > 0][:500]
     return statistics.median(values) if len(values) >= 3 else None
 
 

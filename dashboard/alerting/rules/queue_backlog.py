@@ -12,8 +12,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from collectors.models import Engine, EngineMetric, EngineSample, Node
+from collectors.models import Engine, EngineMetric, Node
 from dashboard.alerting.conditions import Condition
+from dashboard.alerting.recent import engine_samples
 from dashboard.alerting.rules.base import Rule, ThresholdSpec, unknown_reason
 
 
@@ -64,11 +65,10 @@ def _slots_text(engine: Engine, slots: int | None) -> str:
 
 
 def _seconds_waiting(engine: Engine, now: datetime) -> float | None:
-    """How long requests have waited without a break, from the last 30 min of samples (one
-    query, at most 400 rows); None without samples, 0 when none waits now."""
-    rows = list(EngineSample.objects.filter(
-        engine=engine, metric=EngineMetric.REQUESTS_WAITING, at__gte=now - timedelta(minutes=30),
-    ).order_by("-at").values_list("at", "value")[:400])
+    """How long requests have waited without a break, from the last 30 min of samples (the
+    latest 400 at most); None without samples, 0 when none waits now."""
+    rows = engine_samples(engine, EngineMetric.REQUESTS_WAITING,
+                          now - timedelta(minutes=30))[::-1][:400]
     if not rows:
         return None
     if rows[0][1] <= 0:

@@ -1,0 +1,77 @@
+"""The host's process table read straight from /proc gives what psutil gives: the same names
+(a name the kernel cut at 15 characters completed from the command line) and resident sizes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from collectors.processes import memory_by_process_name, process_table
+
+pytestmark = pytest.mark.slow  # starts real processes
+
+
+def _psutil_table() -> dict[int, tuple[str | None, int | None]]:
+    """pid -> (name, rss) as psutil reads them (what the table was read with before)."""
+    table = {}
+    for process in psutil.process_iter(["pid", "name", "memory_info"]):
+        info = process.info
+        memory = info.get("memory_info")
+        table[info["pid"]] = (info["name"], None if memory is None else memory.rss)
+    return table
+
+
+@pytest.fixture
+def long_named_sleeper(tmp_path: Path):
+    """A sleeping process whose program name is longer than the kernel keeps (15 characters),
+    and one that named itself (``PR_SET_NAME``) with a name its command line does not
+    complete."""
+    program = tmp_path / "sparkops-a-very-long-program-name"
+    shutil.copy(shutil.which("sleep"), program)
+    sleeper = subprocess.Popen([str(program), "300"])
+    titled = subprocess.Popen(["python3", "-c", (
+        "import ctypes, time\n"
+        "libc = ctypes.CDLL(None)\n"
+        "libc.prctl(15, b'sparkops-retitled-worker', 0, 0, 0)\n"
+        "time.sleep(300)\n")])
+    try:
+        yield sleeper.pid, titled.pid
+    finally:
+        for child in (sleeper, titled):
+            child.kill()
+            child.wait()
+
+
+def test_names_and_sizes_are_psutils(long_named_sleeper):
+    sleeper, titled = long_named_sleeper
+    for _ in range(50):  # the retitled child sets its name once it runs
+        if psutil.Process(titled).name().startswith("sparkops-retit"):
+            break
+        time.sleep(0.05)
+    ours = {pid: (name, rss) for pid, name, rss in process_table()}
+    theirs = _psutil_table()
+
+    assert ours[sleeper][0] == "sparkops-a-very-long-program-name"
+    assert ours[sleeper] == theirs[sleeper]
+    assert ours[titled] == theirs[titled]
+    both = ours.keys() & theirs.keys()
+    assert len(both) > 10 and os.getpid() in both
+    # Every process seen by both has the same name (sizes of running ones move meanwhile).
+    assert {pid: ours[pid][0] for pid in both} == {pid: theirs[pid][0] for pid in both}
+    assert sum(1 for pid in both if ours[pid][1] == theirs[pid][1]) > len(both) // 2
+
+
+def test_memory_by_name_leaves_out_the_excluded_pids(long_named_sleeper):
+    sleeper, _ = long_named_sleeper
+    named = {group.name: group for group in memory_by_process_name()}
+    assert named["sparkops-a-very-long-program-name"].count == 1
+    assert named["sparkops-a-very-long-program-name"].rss_bytes == \
+        psutil.Process(sleeper).memory_info().rss
+    left = {group.name for group in memory_by_process_name(exclude_pids={sleeper})}
+    assert "sparkops-a-very-long-program-name" not in left
