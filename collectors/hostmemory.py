@@ -23,7 +23,7 @@ from collectors.fragmentation import sample_figures as fragmentation_figures
 from collectors.meminfo import MemInfo
 from collectors.models import Collection, Metric, Node, Sample
 from collectors.procfs import BudgetReading, Procfs
-from collectors.sampling import Clock, WindowReading, stale_after, watch_host_memory
+from collectors.sampling import PACED, Clock, WindowReading, stale_after, watch_host_memory
 
 # meminfo field -> stored metric
 _FIELD_METRICS = {
@@ -49,10 +49,11 @@ def configured_budget() -> Path | None:
 
 def collect_host_memory(
     node: Node, procfs: Procfs, *, duration: float, period: float, clock: Clock | None = None,
-    budget: Path | None = None,
+    budget: Path | None = None, method: str = PACED,
 ) -> tuple[Collection, WindowReading]:
     """Watch the node's memory (and ``budget``, a memory cgroup, when given) for ``duration``
-    seconds and store what was seen.
+    seconds and store what was seen; ``method`` paces the reads
+    (:func:`collectors.sampling.watch_host_memory`).
 
     Blocks for ``duration``. Writes one :class:`Collection` and, when meminfo was readable,
     one :class:`Sample` per metric, all in one transaction. Fragmentation is read with it
@@ -60,7 +61,7 @@ def collect_host_memory(
     """
     compaction_before = read_compaction(procfs)
     window = watch_host_memory(procfs, duration=duration, period=period, clock=clock,
-                               budget=budget)
+                               budget=budget, method=method)
     fragmentation = None if window.last is None else read_fragmentation(
         procfs, compaction_before, (window.finished_at - window.started_at).total_seconds())
     return record_window(node, window, fragmentation), window

@@ -1,15 +1,28 @@
 """Watch host memory across one collection interval, keeping the interval's minimum.
 
-A prefill buffer lives for seconds; a 5-second snapshot would usually miss it. So one collection
-reads ``/proc/meminfo`` every ``period`` seconds for the whole interval and keeps the lowest
-MemAvailable it saw and when. With the default 0.1 s period, any dip of 0.5 s or longer is seen
-several times. Cost: one ~2 KB file read and parse per period (about 40 µs), i.e. well under 0.1 %
-of one core.
+A prefill buffer lives for seconds, and on a GB10 one is allocated and freed within half a
+second; a 5-second snapshot would usually miss it. So one collection reads ``/proc/meminfo``
+for the whole interval and keeps the lowest MemAvailable it saw and when.
+
+Reads are paced by what memory does: every ``period`` seconds (0.1 s by default) while
+MemAvailable falls and for a second after, every :func:`still_period` (0.25 s) while it is still
+(half the 0.5 s dip every window promises to catch, so such a dip is read at its depth even when
+it falls between two reads all at once). Most reads look at the one field
+(:class:`collectors.procfs.MeminfoField`, a kept buffer and, on /proc, a kept descriptor);
+once a second, and at the window's start and end, meminfo is read and parsed whole, so the last
+reading and the flight recorder's text a second are full ones. The waking up costs more than
+the one-field read itself. :data:`EVERY_PERIOD` keeps the former way: a full read every
+``period``, whatever memory does.
+
+A pressure trigger (PSI, ``/proc/pressure/memory``) is not used to wake the window: a dip on a
+machine with memory to spare stalls nothing and raises no trigger, and the still pace is what
+catches it.
 
 When the node's engines run inside a memory budget (a memory cgroup, see
-:func:`collectors.procfs.read_memory_budget`), the budget is read right after meminfo in the same
-period, and its lowest room is kept the same way: a prefill buffer that dips the budget's room is
-caught like one that dips MemAvailable. That costs another ~80 µs per period.
+:func:`collectors.procfs.read_memory_budget`), the budget is read right after meminfo at every
+read, and its lowest room is kept the same way (a fall of the room also sets the moving pace):
+a prefill buffer that dips the budget's room is caught like one that dips MemAvailable. That
+costs another ~80 µs per read.
 """
 
 from __future__ import annotations
@@ -22,6 +35,23 @@ from pathlib import Path
 
 from collectors.meminfo import MemInfo, MemoryPressure, parse_meminfo, parse_pressure
 from collectors.procfs import BudgetReading, Procfs, ProcfsError, read_memory_budget
+
+# How a window paces its reads (see watch_host_memory).
+PACED = "paced"
+EVERY_PERIOD = "every-period"
+# The shortest dip every window promises to catch at its depth, in seconds.
+DIP_SECONDS = 0.5
+# While memory is still, reads come this many times less often than while it moves.
+STILL_SLOWDOWN = 2.5
+# A fall of MemAvailable (or of the budget's room) between two reads that counts as moving:
+# well above what page cache and small allocations move in a tenth of a second.
+FALL_BYTES = 64 * 1024**2
+# How long the window keeps its moving pace after the last such fall: a prefill buffer is
+# allocated in steps, and the dip's bottom comes after its first fall.
+MOVING_HOLD_SECONDS = 1.0
+# Seconds between two full reads of meminfo at the paced method: the flight recorder keeps one
+# full text a second (collectors.flightrecorder), and "last" is a full reading.
+FULL_READ_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -60,42 +90,68 @@ class WindowReading:
 
 def watch_host_memory(
     procfs: Procfs, duration: float, period: float, clock: Clock | None = None,
-    budget: Path | None = None,
+    budget: Path | None = None, method: str = PACED,
 ) -> WindowReading:
-    """Read meminfo every ``period`` s for ``duration`` s; return the last reading and the minimum.
+    """Watch meminfo for ``duration`` s; return the last reading and the lowest MemAvailable.
+
+    ``method`` is how often it reads: :data:`PACED` (the default) every ``period`` s while
+    memory moves and every :func:`still_period` s while it is still, one full read a second
+    and a one-field read (:meth:`Procfs.meminfo_field`) in between; :data:`EVERY_PERIOD` a
+    full read every ``period`` s. Either way the first read and the last (the one at the
+    deadline) are full, ``last`` is the last one, and every read counts for the minimum and in
+    ``reads``.
 
     A read error mid-window is tolerated (the next read may succeed); the collection fails only
     when the final read fails, so a gap in the chart always means "we could not read it now".
-    With ``budget`` (a memory cgroup directory) its room is read in the same period and its
+    With ``budget`` (a memory cgroup directory) its room is read with every read and its
     minimum kept; an unreadable budget never fails the collection, its figures are unknown.
     """
+    if method not in (PACED, EVERY_PERIOD):
+        raise ValueError(f"unknown dip capture method {method!r}")
     clock = clock or Clock()
     started_at = clock.wall()
-    deadline = clock.mono() + duration
+    now = clock.mono()
+    deadline = now + duration
+    paced = method == PACED
+    still = still_period(period) if paced else period
     reads = 0
     minimum: tuple[int, datetime] | None = None
     last: MemInfo | None = None
     error: str | None = None
     budget_reading: BudgetReading | None = None
     budget_minimum: tuple[int, datetime] | None = None
-    while True:
-        try:
-            last, error = parse_meminfo(procfs.meminfo()), None
-        except ProcfsError as failure:
-            last, error = None, str(failure)
-        reads += 1
-        available = last.mem_available if last is not None else None
-        if available is not None and (minimum is None or available < minimum[0]):
-            minimum = (available, clock.wall())
-        if budget is not None:
-            budget_reading = read_memory_budget(budget)
-            room = budget_reading.room
-            if room is not None and (budget_minimum is None or room < budget_minimum[0]):
-                budget_minimum = (room, clock.wall())
-        remaining = deadline - clock.mono()
-        if remaining <= 0:
-            break
-        clock.sleep(min(period, remaining))
+    previous: tuple[int | None, int | None] = (None, None)  # MemAvailable, room: last read
+    full_due = moving_until = now  # the first read is a full one
+    with procfs.meminfo_field("MemAvailable") as one_field:
+        while True:
+            final = now >= deadline
+            full = final or not paced or now >= full_due
+            if full:
+                try:
+                    last, error = parse_meminfo(procfs.meminfo()), None
+                except ProcfsError as failure:
+                    last, error = None, str(failure)
+                available = last.mem_available if last is not None else None
+                full_due = now + FULL_READ_SECONDS
+            else:
+                available = one_field.read()
+            reads += 1
+            if available is not None and (minimum is None or available < minimum[0]):
+                minimum = (available, clock.wall())
+            room = None
+            if budget is not None:
+                budget_reading = read_memory_budget(budget)
+                room = budget_reading.room
+                if room is not None and (budget_minimum is None or room < budget_minimum[0]):
+                    budget_minimum = (room, clock.wall())
+            if final:
+                break
+            if _fell(previous[0], available) or _fell(previous[1], room):
+                moving_until = now + MOVING_HOLD_SECONDS
+            previous = (available, room)
+            pace = period if now < moving_until else still
+            clock.sleep(min(pace, deadline - now))
+            now = clock.mono()
     return WindowReading(
         started_at=started_at,
         finished_at=clock.wall(),
@@ -109,6 +165,18 @@ def watch_host_memory(
         min_budget_room=budget_minimum[0] if budget_minimum else None,
         min_budget_room_at=budget_minimum[1] if budget_minimum else None,
     )
+
+
+def still_period(period: float) -> float:
+    """Seconds between two reads while memory is still, for a window whose moving pace is
+    ``period``: :data:`STILL_SLOWDOWN` times slower, but at most half of :data:`DIP_SECONDS`, so
+    a dip held that long is read at least once at its depth even when nothing was seen falling
+    before it (and never faster than ``period``)."""
+    return max(period, min(period * STILL_SLOWDOWN, DIP_SECONDS / 2))
+
+
+def _fell(before: int | None, after: int | None) -> bool:
+    return before is not None and after is not None and before - after >= FALL_BYTES
 
 
 def window_seconds(interval: float) -> float:
