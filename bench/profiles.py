@@ -38,6 +38,9 @@ class Profile:
     fleet_warmup_s: float  # after every node collects, before the window
     fleet_minutes: float  # the measuring window
     fleet_sample_every_s: float  # readings of the processes and the database
+    # --- 7. dip recall ---
+    dip_trials: int  # real 0.5 s dips per method
+    dip_still_s: float  # how long each method watches still memory for its CPU figure
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -66,6 +69,8 @@ FULL = Profile(
     fleet_warmup_s=60,
     fleet_minutes=5,
     fleet_sample_every_s=30,
+    dip_trials=20,
+    dip_still_s=30,
 )
 
 QUICK = Profile(
@@ -91,6 +96,8 @@ QUICK = Profile(
     fleet_warmup_s=30,
     fleet_minutes=1,
     fleet_sample_every_s=10,
+    dip_trials=6,
+    dip_still_s=10,
 )
 
 SMOKE = Profile(
@@ -116,6 +123,8 @@ SMOKE = Profile(
     fleet_warmup_s=5,
     fleet_minutes=0.3,
     fleet_sample_every_s=6,
+    dip_trials=1,
+    dip_still_s=2,
 )
 
 PROFILES = {profile.name: profile for profile in (FULL, QUICK, SMOKE)}

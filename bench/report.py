@@ -132,6 +132,17 @@ def headline(results: dict) -> list[str]:
         lines.append(f"| Storage for 30 days on {_db(backend)} ({how}) | "
                      f"{total:.0f} MiB | — | — | ≤ {STORAGE_TARGET_MIB} MiB | "
                      f"{verdict(total <= STORAGE_TARGET_MIB)} |")
+    dip, _ = _phase(results, "dip")
+    if dip:
+        paced, former = dip["summary"]["paced"], dip["summary"]["every-period"]
+        lines.append(f"| Dip capture: recall of a real 1 GiB dip held 0.5 s | "
+                     f"{paced['caught']}/{paced['trials']} | — | former way (a read every "
+                     f"0.1 s) {former['caught']}/{former['trials']} | 100 % | "
+                     f"{verdict(paced['caught'] == paced['trials'])} |")
+        lines.append(f"| Dip capture: CPU per minute of still memory on /proc | "
+                     f"{paced['cpu_ms_per_minute']:.0f} ms | — | former way "
+                     f"{former['cpu_ms_per_minute']:.0f} ms "
+                     f"({ratio(former['cpu_ms_per_minute'], paced['cpu_ms_per_minute'])}) | — | |")
     fleet, _ = _phase(results, "fleet")
     if fleet:
         size = f"{fleet['nodes']} nodes × {fleet['engines_per_node']} engines"
@@ -559,6 +570,42 @@ def _in_process_row(fleet: dict) -> list[str]:
             f"{own['max']:.0f} ms (n={own['n']}); {own['queries']} queries | — | |"]
 
 
+def dip_section(results: dict) -> list[str]:
+    lines = ["## 7. Dip capture", ""]
+    dip, missing = _phase(results, "dip")
+    if not dip:
+        return lines + [f"Not measured: {missing}", ""]
+    viewed = dip.get("still_view") is not None
+    source = ("the isolated view of §3 (MemAvailable moved by the allocation alone; the "
+              "allocation and its timing are real)" if dip["meminfo"] == "isolated"
+              else "the real /proc/meminfo")
+    lines += [
+        f"`bench/dip_recall.py`: per trial one host window ({dip['interval']:g} s interval, "
+        f"{dip['period']:g} s period) while a child process touches every page of "
+        f"{dip['size'] / 2**20:.0f} MiB at a random moment, holds it {dip['hold']:g} s and frees "
+        f"it; the two ways of watching take turns. A dip is caught when the window's minimum "
+        f"was read during the hold and shows at least 90 % of the depth made (the allocator's "
+        f"own MemAvailable before it allocated). The dips are read through {source}"
+        f"; the still-memory CPU is the watcher thread's over back-to-back windows, on the real "
+        f"/proc{' and on the view' if viewed else ''}. `paced` (the default) reads every "
+        f"0.25 s while memory is still and every 0.1 s for a second after a fall of 64 MiB or "
+        f"more, most reads of the MemAvailable line alone; `every-period` is the former way, a "
+        f"full read every 0.1 s. Seed {dip['seed']}.", "",
+        "| Way | Recall | Depth made / seen (lowest seen) | Reads per window (dip; still "
+        "/proc) | CPU per minute, still /proc" + ("; still view" if viewed else "") + " |",
+        "|---|---|---|---|---|",
+    ]
+    for method, row in dip["summary"].items():
+        seen = "—" if row["depth_seen_mib"] is None else \
+            f"{row['depth_seen_mib']:.0f} ({row['depth_seen_min_mib']:.0f})"
+        view = f"; {row['cpu_ms_per_minute_view']:.0f} ms" if viewed else ""
+        lines.append(f"| `{method}` | {row['caught']}/{row['trials']} ({row['recall']:.0%}) | "
+                     f"{row['depth_made_mib']:.0f} / {seen} MiB | "
+                     f"{row['reads_per_window_dip']:.0f}; {row['reads_per_window']:.0f} | "
+                     f"{row['cpu_ms_per_minute']:.0f} ms{view} |")
+    return lines + [""]
+
+
 def fleet_section(results: dict) -> list[str]:
     lines = ["## 6. Fleet", ""]
     fleet, missing = _phase(results, "fleet")
@@ -687,5 +734,5 @@ def render(results: dict) -> str:
                   "`bench/profiles.py`); not for quoting.", ""]
     sections = [intro, headline(results), machine_section(results), footprint_section(results),
                 cost_section(results), alert_section(results), chart_section(results),
-                storage_section(results), fleet_section(results)]
+                storage_section(results), fleet_section(results), dip_section(results)]
     return "\n".join(line for section in sections for line in section).rstrip() + "\n"

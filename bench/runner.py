@@ -8,7 +8,8 @@ others still run.
 
 Phases: ``live`` (1. footprint and 3. alert latency, on one running world), ``cost``
 (2. collection cost), ``sqlite`` and ``postgresql`` (4. chart latency and 5. storage), ``fleet``
-(6. the centre of a fleet, in a database of its own on the same PostgreSQL). The database
+(6. the centre of a fleet, in a database of its own on the same PostgreSQL), ``dip`` (7. the
+dip capture's recall and cost, ``bench/dip_recall.py``, before the fleet). The database
 phases write their datasets (untimed) while ``live`` runs, and are timed after ``cost``;
 ``--sequential`` keeps everything one after the other. ``fleet`` runs last, alone: its figures
 are the centre's CPU time and latency.
@@ -33,7 +34,7 @@ from bench.services import PODMAN_STORAGE_ENV, PROJECT, podman_service
 from sparkops.testing.postgres import postgres_server
 
 BENCH = PROJECT / "bench"
-PHASES = ("live", "cost", "sqlite", "postgresql", "fleet")
+PHASES = ("live", "cost", "sqlite", "postgresql", "dip", "fleet")
 
 
 def _phase_argv(phase: str, profile: Profile, workdir: Path, out: Path,
@@ -52,6 +53,11 @@ def _chart_argv(backend: str, step: str, profile: Profile, workdir: Path, out: P
     if step == "measure":
         argv += ["--generated", str(workdir / f"{backend}-generated.json")]
     return argv
+
+
+def _dip_argv(profile: Profile, out: Path) -> list[str]:
+    return [sys.executable, "-m", "bench.dip_recall", "--trials", str(profile.dip_trials),
+            "--still-seconds", f"{profile.dip_still_s:g}", "--json", str(out)]
 
 
 def _fleet_argv(profile: Profile, workdir: Path, out: Path, database_url: str) -> list[str]:
@@ -193,6 +199,10 @@ def main() -> None:
         for backend, generated in generation.entries.items():
             results["phases"][backend] = database_phase(backend, generated, profile, workdir,
                                                         env, database_url)
+        if "dip" in phases:
+            out = workdir / "dip.json"
+            results["phases"]["dip"] = run_phase("dip", _dip_argv(profile, out), env, workdir,
+                                                 out)
         if "fleet" in phases:
             out = workdir / "fleet.json"
             argv = _fleet_argv(profile, workdir, out, database_url)

@@ -30,6 +30,7 @@ SECTIONS = {
     "## 5. Storage": r"\| Measured total \| \d+ MiB for [\d.]+ days \| \d+ MiB for",
     "## 6. Fleet": r"\| Fleet view \(`/fleet/`, signed in\): p50 / p95 / worst \| "
                    r"\d+ / \d+ / \d+ ms \(n=\d+\) \|",
+    "## 7. Dip capture": r"\| `paced` \| \d+/\d+ \(\d+%\) \| \d+ / \d+ \(\d+\) MiB \|",
 }
 # The fleet's centre, measured: its CPU share and its memory.
 FLEET_CENTRE = (r"\| Central CPU \(web, worker with beat; % of one core\) \| [\d.]+ % .*\n"
