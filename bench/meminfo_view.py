@@ -43,7 +43,7 @@ class MeminfoView(threading.Thread):
         self.neighbour_pid: int | None = None
         self._base: dict[str, int] = {}
         self._available = 0
-        self._stop = threading.Event()
+        self._halt = threading.Event()  # not `_stop`: threading.Thread has a method of that name
         self._build()
 
     def _build(self) -> None:
@@ -84,8 +84,8 @@ class MeminfoView(threading.Thread):
         self._available = values.get("MemAvailable", 0)
 
     def run(self) -> None:
-        while not self._stop.wait(self.period):
+        while not self._halt.wait(self.period):
             self._write(Path("/proc/meminfo").read_text(), self._neighbour_resident())
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
