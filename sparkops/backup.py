@@ -19,9 +19,10 @@ restore can itself be undone. Then:
 * SQLite: the backup is copied next to the database, the database's ``-wal`` and ``-shm``
   files are removed (a WAL left from the old database must never be applied to the new one)
   and the copy is renamed over the database, one atomic step.
-* PostgreSQL: tables the backup does not have are dropped (a newer schema's), then
-  ``pg_restore --clean --if-exists --no-owner --single-transaction`` replaces the rest, all or
-  nothing.
+* PostgreSQL: every table of the schema is dropped, with what hangs on it (a newer schema's
+  tables and constraints), then ``pg_restore --no-owner --single-transaction`` writes the
+  backup's, all or nothing; if it fails, the backup of the replaced database made first
+  restores it.
 
 The caller (``manage.py restore``) then runs ``migrate``, which brings a backup of an older
 release up to this one.
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.migrations.loader import MigrationLoader
 
 from sparkops.backends import database_settings, is_postgresql, is_sqlite
@@ -308,17 +309,16 @@ def _replace_sqlite(source: Path, database: Path) -> None:
 
 
 def _replace_postgres(source: Path, database: dict) -> None:
-    in_backup = postgres_dump_tables(source)
+    # Every table goes first, in one transaction, with what hangs on it (CASCADE): a newer
+    # schema's tables, and its constraints on the tables the backup has too (a foreign key the
+    # backup does not know would keep pg_restore --clean from dropping the key it points at).
     connection = connections["default"]
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT table_schema || '.' || table_name FROM information_schema.tables "
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT table_schema, table_name FROM information_schema.tables "
                        "WHERE table_type = 'BASE TABLE' AND table_schema = current_schema()")
-        current = {row[0] for row in cursor.fetchall()}
-        for name in sorted(current - in_backup):
-            schema, table = name.split(".", 1)
+        for schema, table in sorted(cursor.fetchall()):
             cursor.execute(f"DROP TABLE IF EXISTS {connection.ops.quote_name(schema)}."
                            f"{connection.ops.quote_name(table)} CASCADE")
     connections.close_all()
-    _run_postgres("pg_restore", ["--clean", "--if-exists", "--no-owner", "--single-transaction",
-                                 "--exit-on-error", f"--dbname={database['NAME']}", str(source)],
-                  database)
+    _run_postgres("pg_restore", ["--no-owner", "--single-transaction", "--exit-on-error",
+                                 f"--dbname={database['NAME']}", str(source)], database)

@@ -214,11 +214,11 @@ def _upgrade(env: dict[str, str], data: Path, tmp_path: Path) -> Path:
         assert requests.get(f"{base}/login/", timeout=10).status_code == 200
 
         running = _sparkops(env, "status", expect=1)
-        assert "stack:      running, supervisor pid " in running
-        assert re.search(r"web pid \d+ since ", running)
-        assert re.search(r"worker pid \d+ since ", running)
+        # The default stack: one process, the web server in a thread of the worker's.
+        assert re.search(r"stack:      running, stack \(web, worker[^)]*, one process\) "
+                         r"pid \d+ since ", running), running
         refused = _sparkops(env, "restore", str(backup), expect=1)
-        assert "CommandError: restore refused: the stack runs (supervisor pid " in refused
+        assert "CommandError: restore refused: the stack runs (one process, pid " in refused
     log = (tmp_path / "stack.log").read_text()
     assert f"SparkOps {VERSION} is starting on " in log
     return backup
