@@ -281,8 +281,14 @@ def test_llamacpp_growth_squeezes_ollamas_prefill_and_resolves(node, api, memory
     assert alert.rule == "prefill-squeeze" and alert.engine.name == victim
     assert alert.engine.kind == "ollama"
     first_cause = alert.details["causes"][0]
-    assert first_cause["label"] == f"{cause}'s KV pool"
-    assert (first_cause["before_bytes"], first_cause["after_bytes"]) == (64 * MIB, 4160 * MIB)
+    if first_cause["label"] == f"{cause}'s KV pool":
+        assert (first_cause["before_bytes"], first_cause["after_bytes"]) == (64 * MIB, 4160 * MIB)
+    else:
+        # It fired while the new server was still allocating (a slow machine): the cause is
+        # then what the loading neighbour holds, its pool not yet reported, grown by most of
+        # the 4 GiB it takes.
+        assert first_cause["label"] == f"{cause}'s memory (KV pool not reported)", first_cause
+        assert 2 * GIB < first_cause["growth_bytes"] <= 4160 * MIB + GIB // 2, first_cause
 
     podman("rm", "--force", "--time", "0", cause)  # back to its old size
     _start_cause(cause, cause_port, SMALL_CTX, budget.parent)

@@ -212,7 +212,10 @@ def test_a_neighbours_growth_squeezes_an_adopted_models_prefill(node, api, tmp_p
     cycle.until(lambda found: Alert.objects.filter(state="firing").exists())
     alert = Alert.objects.get()
     assert alert.rule == "prefill-squeeze" and alert.engine.name == victim
-    assert alert.details["causes"][0]["label"] == f"{cause}'s KV pool"
+    # Its KV cache as the cause, or, when the alert fired while the new server still allocated
+    # it (a slow machine), all the loading neighbour held then: either way the neighbour.
+    assert alert.details["causes"][0]["label"] in (f"{cause}'s KV pool",
+                                                   f"{cause}'s memory (KV pool not reported)")
 
     podman("rm", "--force", "--time", "0", cause)
     _start_cause(cause, cause_port, "4096", budget.parent)

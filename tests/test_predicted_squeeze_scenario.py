@@ -136,7 +136,10 @@ def test_a_neighbour_that_will_squeeze_is_announced_while_it_loads_and_one_that_
     # Both name the same engine at risk and the same neighbour.
     assert predicted.engine.name == real.engine.name == name_a
     assert predicted.details["starting_engine"] == name_b
-    assert real.details["causes"][0]["label"] == f"{name_b}'s KV pool"
+    # Its pool as the cause, or, when the squeeze began while B still allocated it, all B
+    # held then: either way B.
+    assert real.details["causes"][0]["label"] in (f"{name_b}'s KV pool",
+                                                  f"{name_b}'s memory (KV pool not reported)")
     assert predicted.fired_cause.startswith(f"{name_b} is starting and will hold 2.09 GiB")
     assert predicted.details["predicted"]["kv_pool"]["value"] == 2112 * MIB
     # Settled once B was ready, saying how close the prediction came.
