@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from collectors.procfs import process_ids
+
 # The kernel keeps a process's name (``comm``) to TASK_COMM_LEN - 1 characters; a name that long
 # may be cut, and is then completed from the command line as psutil does.
 COMM_LENGTH = 15
@@ -45,12 +47,8 @@ def process_table(proc_root: Path = Path("/proc")) -> list[tuple[int, str, int |
     """``(pid, name, resident bytes)`` of every process, by PID; a process that exits while it
     is read is left out, and a size that may not be read is None."""
     root = os.fspath(proc_root)
-    try:
-        pids = sorted(int(entry) for entry in os.listdir(root) if entry.isdigit())
-    except OSError:
-        return []
     table = []
-    for pid in pids:
+    for pid in process_ids(root):
         base = f"{root}/{pid}"
         try:
             with open(f"{base}/stat", "rb") as file:

@@ -119,6 +119,14 @@ class MeminfoField:
         self.close()
 
 
+def process_ids(proc_root: str | os.PathLike[str] = "/proc") -> list[int]:
+    """The PIDs under ``proc_root``, lowest first; empty when it cannot be listed."""
+    try:
+        return sorted(int(entry) for entry in os.listdir(proc_root) if entry.isdigit())
+    except OSError:
+        return []
+
+
 def process_root(pid: int, proc_root: Path = Path("/proc")) -> Path:
     """``/proc/<pid>/root``: the process's file system as it sees it (a container's own root).
 
@@ -287,18 +295,14 @@ def process_tree(root_pid: int, proc_root: Path = Path("/proc")) -> dict[int, Tr
     left out.
     """
     parents: dict[int, int] = {}
-    try:
-        entries = [entry for entry in os.listdir(proc_root) if entry.isdigit()]
-    except OSError:
-        return {}
-    for entry in entries:
+    for pid in process_ids(proc_root):
         try:
-            stat = (proc_root / entry / "stat").read_text()
+            stat = (proc_root / str(pid) / "stat").read_text()
         except OSError:
             continue
         fields = stat.rpartition(")")[2].split()
         if len(fields) > 1 and fields[1].isdigit():
-            parents[int(entry)] = int(fields[1])
+            parents[pid] = int(fields[1])
     members = {root_pid} if root_pid in parents else set()
     grew = True
     while grew:

@@ -42,7 +42,6 @@ process (about 10 ms for 300 processes), a handful of cgroup files, and two inde
 from __future__ import annotations
 
 import math
-import os
 import re
 import shlex
 from dataclasses import asdict, dataclass, field
@@ -56,7 +55,13 @@ from django.conf import settings
 from collectors.meminfo import parse_meminfo
 from collectors.models import Engine, Metric, Node, Rollup, Sample
 from collectors.nodes import local_procfs
-from collectors.procfs import CGROUP_ROOT, Procfs, ProcfsError, container_id_for_pid
+from collectors.procfs import (
+    CGROUP_ROOT,
+    Procfs,
+    ProcfsError,
+    container_id_for_pid,
+    process_ids,
+)
 from sparkops.units import KIB, MIB, size_text
 
 Status = Literal["ok", "warn", "info", "unknown"]
@@ -160,12 +165,8 @@ class ProcessEntry:
 def scan_processes(root: Path) -> list[ProcessEntry]:
     """Every process under ``root`` (a /proc) with its ``comm``, ``oom_score`` and container;
     processes that exit meanwhile are left out, unreadable scores are None."""
-    try:
-        pids = sorted(int(entry) for entry in os.listdir(root) if entry.isdigit())
-    except OSError:
-        return []
     found = []
-    for pid in pids:
+    for pid in process_ids(root):
         try:
             comm = (root / str(pid) / "comm").read_text().strip()
         except OSError:
