@@ -3,9 +3,11 @@
 What a node with four engines accumulates at the default interval, under the tiers the code
 keeps (``collectors.retention``):
 
-* raw rows — a collection row, 21 host samples (11 meminfo fields, 5 derived, 5 of
-  fragmentation: ``collectors.fragmentation``) and 12 samples per engine (container memory,
-  3 gauges, 8 rates) every 5 s — for the last ``SPARKOPS_RAW_RETENTION_DAYS`` (1);
+* raw rows — every 5 s a collection row, one host reading (``collectors.readings.HOST``: 21
+  figures in columns, 11 meminfo fields, 5 derived, 5 of fragmentation:
+  ``collectors.fragmentation``; the interval minimum's own time) and one engine reading per
+  engine (``ENGINE``: 12 figures, container memory, 3 gauges, 8 rates) — for the last
+  ``SPARKOPS_RAW_RETENTION_DAYS`` (1);
 * roll-ups (min/mean/max/count) of every host and engine metric, per minute for the last 2 days,
   per ten minutes for the last 35 days and per hour for the whole span.
 
@@ -39,42 +41,72 @@ DAY = timedelta(days=1)
 ENGINE_METRICS = (13, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12)
 # Metric 1..16 and the fragmentation samples 20..24 (the memory budget's 17..19 only with one).
 HOST_METRICS = (*range(1, 17), *range(20, 25))
+# Of those, the metrics whose figure has a time column of its own (``HOST.timed``): the
+# interval minimum of MemAvailable, seen inside the collection's window.
+HOST_TIMED = (4,)
 MEM_TOTAL = 121.69 * GIB
 ENGINE_POOL = 997
 
 
 @dataclass(frozen=True)
 class Tables:
-    """Table and column names, read from the models so the SQL follows the schema."""
+    """Table and column names, read from the models and their layouts
+    (``collectors.readings.HOST`` and ``ENGINE``) so the SQL follows the schema."""
 
     collection: str
-    sample: str
+    host_reading: str
     rollup: str
-    engine_sample: str
+    engine_reading: str
     engine_rollup: str
+    # A reading's columns after (owner, at): a figure column per metric of HOST_METRICS or
+    # ENGINE_METRICS, in that order, then the time columns of its timed metrics, then notes.
+    host_columns: tuple[str, ...]
+    engine_columns: tuple[str, ...]
 
     @classmethod
     def from_models(cls) -> Tables:
-        from collectors.models import Collection, EngineRollup, EngineSample, Rollup, Sample
+        from collectors.models import Collection, EngineRollup, Rollup
+        from collectors.readings import ENGINE, HOST
 
-        return cls(Collection._meta.db_table, Sample._meta.db_table, Rollup._meta.db_table,
-                   EngineSample._meta.db_table, EngineRollup._meta.db_table)
+        return cls(Collection._meta.db_table, HOST.model._meta.db_table, Rollup._meta.db_table,
+                   ENGINE.model._meta.db_table, EngineRollup._meta.db_table,
+                   _reading_columns(HOST, HOST_METRICS, HOST_TIMED),
+                   _reading_columns(ENGINE, ENGINE_METRICS, ()))
 
     def columns(self) -> dict[str, tuple[str, ...]]:
-        """Columns by table, in the order of :class:`Span`'s fields."""
+        """Columns by table, in the order of :class:`Span`'s rows."""
         bucket = ("metric", "resolution", "start", "min", "max", "mean", "count")
         return {
             self.collection: ("node_id", "at", "window_started_at", "reads", "ok", "error"),
-            self.sample: ("node_id", "metric", "at", "value", "note"),
+            self.host_reading: self.host_columns,
             self.rollup: ("node_id", *bucket),
-            self.engine_sample: ("engine_id", "metric", "at", "value"),
+            self.engine_reading: self.engine_columns,
             self.engine_rollup: ("engine_id", *bucket),
         }
 
     def roles(self) -> dict[str, str]:
         """Role (a :class:`Span` field) → table name."""
-        return {"collection": self.collection, "sample": self.sample, "rollup": self.rollup,
-                "engine_sample": self.engine_sample, "engine_rollup": self.engine_rollup}
+        return {"collection": self.collection, "host_reading": self.host_reading,
+                "rollup": self.rollup, "engine_reading": self.engine_reading,
+                "engine_rollup": self.engine_rollup}
+
+    def figures_per_row(self) -> dict[str, int]:
+        """Figures a generated row of each reading table holds (every figure column filled)."""
+        return {self.host_reading: len(HOST_METRICS), self.engine_reading: len(ENGINE_METRICS)}
+
+
+def _reading_columns(layout, metrics: tuple[int, ...], timed: tuple[int, ...]
+                     ) -> tuple[str, ...]:
+    """(owner column, at, the figure columns of ``metrics``, the time columns of ``timed``,
+    notes); ``timed`` must be the metrics the layout times on their own, as the generator
+    writes a time for those alone."""
+    own_time = tuple(metric for metric in metrics if layout.time(metric) != "at")
+    if own_time != timed:
+        raise RuntimeError(f"{layout.model.__name__}: the metrics with a time column of their "
+                           f"own are {own_time}, bench.dataset writes one for {timed}")
+    owner = layout.model._meta.get_field(layout.owner).column
+    return (owner, "at", *(layout.column(metric) for metric in metrics),
+            *(layout.time(metric) for metric in timed), "notes")
 
 
 def _kib(value: float) -> float:
@@ -116,6 +148,7 @@ def engine_values(rnd: random.Random) -> dict[int, float]:
     }
 
 
+NO_NOTES = "{}"  # a reading's notes (JSON by metric id) when no figure was read as unknown
 RAW = 0  # the raw tier in a stretch's set of kept tiers; roll-up tiers are their seconds
 DRAWS_PER_MINUTE = 3  # figures drawn per minute where no raw rows are kept
 
@@ -125,14 +158,15 @@ class Span:
     """Rows of one stretch of time, by table."""
 
     collection: list[tuple] = field(default_factory=list)
-    sample: list[tuple] = field(default_factory=list)
+    host_reading: list[tuple] = field(default_factory=list)
     rollup: list[tuple] = field(default_factory=list)
-    engine_sample: list[tuple] = field(default_factory=list)
+    engine_reading: list[tuple] = field(default_factory=list)
     engine_rollup: list[tuple] = field(default_factory=list)
 
     def by_role(self) -> dict[str, list[tuple]]:
-        return {"collection": self.collection, "sample": self.sample, "rollup": self.rollup,
-                "engine_sample": self.engine_sample, "engine_rollup": self.engine_rollup}
+        return {"collection": self.collection, "host_reading": self.host_reading,
+                "rollup": self.rollup, "engine_reading": self.engine_reading,
+                "engine_rollup": self.engine_rollup}
 
 
 class Generator:
@@ -151,7 +185,12 @@ class Generator:
         self.rnd = random.Random(seed)
         # Engine figures are drawn from a pool: the values' shape matters for storage, their
         # sequence does not, and drawing ~50 random numbers per collection would dominate.
-        self.engine_pool = [list(engine_values(self.rnd).items()) for _ in range(ENGINE_POOL)]
+        # Each entry: the figures by metric, and their columns' values (ENGINE_METRICS order).
+        self.engine_pool = []
+        for _ in range(ENGINE_POOL):
+            figures = engine_values(self.rnd)
+            self.engine_pool.append((list(figures.items()),
+                                     tuple(figures[metric] for metric in ENGINE_METRICS)))
         self._next = 0
         # Open coarse buckets: resolution → (bucket start, {(owner kind, id, metric): stats}).
         self._open: dict[int, tuple[datetime, dict]] = {}
@@ -186,15 +225,17 @@ class Generator:
             stamp = ts(jittered)
             host = host_values(jittered.timestamp(), rnd)
             span.collection.append((node, stamp, ts(jittered - WINDOW), 48, True, ""))
-            # The interval minimum is stored when it was seen, inside the window (and minute).
+            # One host reading: its figures, then the interval minimum's own time (when it was
+            # seen, inside the window and minute), no figure unknown (Tables.host_columns).
             dip = ts(max(jittered - timedelta(seconds=rnd.uniform(0, 4.75)), minute))
-            span.sample.extend((node, metric, dip if metric == 4 else stamp, value, "")
-                               for metric, value in host.items())
+            span.host_reading.append((node, stamp, *(host[metric] for metric in HOST_METRICS),
+                                      *(dip for _ in HOST_TIMED), NO_NOTES))
             for metric, value in host.items():
                 seen.setdefault(("node", node, metric), []).append(value)
             for engine in self.engine_ids:
-                for metric, value in self._engine_figures():
-                    span.engine_sample.append((engine, metric, stamp, value))
+                figures, values = self._engine_figures()
+                span.engine_reading.append((engine, stamp, *values, NO_NOTES))
+                for metric, value in figures:
                     seen.setdefault(("engine", engine, metric), []).append(value)
         return seen
 
@@ -205,11 +246,11 @@ class Generator:
             for metric, value in host_values(at.timestamp(), self.rnd).items():
                 seen.setdefault(("node", self.node_id, metric), []).append(value)
             for engine in self.engine_ids:
-                for metric, value in self._engine_figures():
+                for metric, value in self._engine_figures()[0]:
                     seen.setdefault(("engine", engine, metric), []).append(value)
         return seen
 
-    def _engine_figures(self) -> list[tuple[int, float]]:
+    def _engine_figures(self) -> tuple[list[tuple[int, float]], tuple[float, ...]]:
         self._next = (self._next + 1) % ENGINE_POOL
         return self.engine_pool[self._next]
 

@@ -60,6 +60,7 @@ import requests
 
 from bench import emulated
 from bench.emulated import EngineSpec
+from bench.live import held_figures
 from bench.procs import MIB, StackSample, sample_stack, sample_tree
 from bench.profiles import PROFILES, Profile
 from bench.services import PROJECT, Child, Podman
@@ -472,15 +473,17 @@ def server_time(path: str, requests_: int = 5) -> dict:
 
 
 def observed(nodes: list[str], since: datetime, until: datetime) -> dict:
-    """What the nodes stored during the window: collections per node and minute, samples per
-    collection and per engine and collection, and how many nodes beat lately."""
+    """What the nodes stored during the window: collections per node and minute, figures
+    (samples) per collection in the host readings and per engine and collection in the engine
+    readings, and how many nodes beat lately."""
     from datetime import timedelta
 
     from django.db import connection
     from django.db.models import Count
 
     from collectors import heartbeat
-    from collectors.models import Collection, EngineSample, Node, Sample
+    from collectors.models import Collection, Node
+    from collectors.readings import ENGINE, HOST
 
     minutes = (until - since).total_seconds() / 60
     window = {"at__gte": since, "at__lt": until}
@@ -488,10 +491,10 @@ def observed(nodes: list[str], since: datetime, until: datetime) -> dict:
         collections = Collection.objects.filter(node__name__in=nodes, **window)
         per_node = dict(collections.values_list("node__name").annotate(n=Count("id")))
         ok = collections.filter(ok=True).count()
-        samples = Sample.objects.filter(node__name__in=nodes, **window).count()
-        per_engine_cycle = [row["n"] for row in EngineSample.objects
-                            .filter(engine__node__name__in=nodes, **window)
-                            .values("engine", "at").annotate(n=Count("id"))]
+        host_figures, _ = held_figures(
+            HOST, HOST.model.objects.filter(node__name__in=nodes, **window))
+        engine_figures, engine_readings = held_figures(
+            ENGINE, ENGINE.model.objects.filter(engine__node__name__in=nodes, **window))
         recent = until - timedelta(seconds=2 * heartbeat.interval_seconds())
         beating = Node.objects.filter(name__in=nodes, heartbeat_at__gte=recent).count()
         node_rows = Node.objects.count()
@@ -503,9 +506,9 @@ def observed(nodes: list[str], since: datetime, until: datetime) -> dict:
             per_node.get(node, 0) / minutes for node in nodes)),
         "collections_expected_per_minute": 60 / INTERVAL,
         "collections_ok": ok, "collections_failed": sum(per_node.values()) - ok,
-        "host_samples_per_collection": round(samples / ok, 2) if ok else None,
-        "engine_samples_per_engine_cycle": round(sum(per_engine_cycle) / len(per_engine_cycle),
-                                                 2) if per_engine_cycle else None,
+        "host_samples_per_collection": round(host_figures / ok, 2) if ok else None,
+        "engine_samples_per_engine_cycle": round(engine_figures / engine_readings, 2)
+        if engine_readings else None,
         "nodes_beating": beating,
         "node_rows": node_rows,
         "centre_collections": centre_collections,

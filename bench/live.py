@@ -46,27 +46,40 @@ PREFILL_BYTES_PER_TOKEN = 32 * 1024
 ALLOCATION_BYTES = 4 * GIB  # the neighbour: 2 GiB above the threshold before, 2 below after
 
 
-def observed_shape(node_name: str) -> dict:
-    """Rows SparkOps wrote per collection in the last minutes: the dataset of benchmarks 4 and
-    5 is generated with this shape, so the live run checks it."""
+def held_figures(layout, readings) -> tuple[int, int]:
+    """(figures, readings) of ``readings`` (a queryset of ``layout``'s model,
+    ``collectors.readings.HOST`` or ``ENGINE``): the figures they hold — their figure columns
+    that are not NULL, counted in the database — and how many readings there are."""
     from django.db.models import Count
+
+    columns = [layout.column(metric) for metric in layout.metrics]
+    counts = readings.aggregate(readings=Count("pk"),
+                                **{f"held_{column}": Count(column) for column in columns})
+    return sum(counts[f"held_{column}"] for column in columns), counts["readings"]
+
+
+def observed_shape(node_name: str) -> dict:
+    """Figures SparkOps wrote per collection in the last minutes (a host reading and a reading
+    per engine each): the dataset of benchmarks 4 and 5 is generated with this shape, so the
+    live run checks it."""
     from django.utils import timezone
 
-    from collectors.models import Collection, EngineSample, Sample
+    from collectors.models import Collection
+    from collectors.readings import ENGINE, HOST
 
     since = timezone.now() - timedelta(minutes=3)
     collections = Collection.objects.filter(node__name=node_name, at__gte=since)
     ok = collections.filter(ok=True).count()
-    samples = Sample.objects.filter(node__name=node_name, at__gte=since).count()
-    per_engine_cycle = (EngineSample.objects.filter(engine__node__name=node_name, at__gte=since)
-                        .values("engine", "at").annotate(n=Count("id")))
-    counts = [row["n"] for row in per_engine_cycle]
+    host_figures, _ = held_figures(
+        HOST, HOST.model.objects.filter(node__name=node_name, at__gte=since))
+    engine_figures, engine_readings = held_figures(
+        ENGINE, ENGINE.model.objects.filter(engine__node__name=node_name, at__gte=since))
     return {
         "collections_ok": ok,
         "collections_failed": collections.count() - ok,
-        "host_samples_per_collection": round(samples / ok, 2) if ok else None,
-        "engine_samples_per_engine_cycle": round(sum(counts) / len(counts), 2)
-        if counts else None,
+        "host_samples_per_collection": round(host_figures / ok, 2) if ok else None,
+        "engine_samples_per_engine_cycle": round(engine_figures / engine_readings, 2)
+        if engine_readings else None,
     }
 
 

@@ -488,6 +488,23 @@ def _days(available: dict[str, dict], key: str) -> str:
     return f"{days:g} day" + ("" if days == 1 else "s")
 
 
+# The dataset's tables by role (``bench.dataset.Tables.roles``), for results without them.
+STORAGE_TABLES = {"collection": "collectors_collection", "host_reading": "collectors_hostreading",
+                  "rollup": "collectors_rollup", "engine_reading": "collectors_enginereading",
+                  "engine_rollup": "collectors_enginerollup"}
+
+
+def _table(stored: dict, role: str) -> dict:
+    """The measured sizes of the table that plays ``role`` (empty when not measured)."""
+    name = (stored.get("roles") or STORAGE_TABLES).get(role, STORAGE_TABLES[role])
+    return stored["tables"].get(name) or {}
+
+
+def _figures(available: dict[str, dict], role: str, default: int) -> int:
+    """Figures a generated reading of ``role`` holds."""
+    return _table(next(iter(available.values())), role).get("figures_per_row", default)
+
+
 def storage_section(results: dict) -> list[str]:
     lines = ["## 5. Storage", ""]
     data = {b: _phase(results, b) for b in ("sqlite", "postgresql")}
@@ -497,10 +514,13 @@ def storage_section(results: dict) -> list[str]:
     lines += [
         "The dataset of §4, written one day at a time and measured after each day (SQLite: the "
         "file, write-ahead log folded in; PostgreSQL: `pg_total_relation_size` of the five "
-        "sample tables — rows, indexes, TOAST and maps — after VACUUM ANALYZE at the end). Each "
+        "tables written — collections, host readings, host roll-ups, engine readings, engine "
+        "roll-ups: rows, indexes, TOAST and maps — after VACUUM ANALYZE at the end). Each "
         "day holds what the retention tiers keep at its age: a *raw day* (the last "
-        f"{_days(available, 'raw_days')}) a collection row, 21 host samples and 12 samples per "
-        "engine per 5 s, plus every roll-up tier; a *minute day* (up to "
+        f"{_days(available, 'raw_days')}) per 5 s a collection row, one host reading row "
+        f"({_figures(available, 'host_reading', 21)} figures in columns) and one engine reading "
+        f"row per engine ({_figures(available, 'engine_reading', 12)} figures), plus every "
+        "roll-up tier; a *minute day* (up to "
         f"{_days(available, 'minute_days')} back) the minute, ten-minute and hourly roll-ups "
         "(min/mean/max/count of each host and engine metric); an *older day* the ten-minute "
         "and hourly roll-ups. The project's own `prune_node` then ran over the result "
@@ -519,13 +539,15 @@ def storage_section(results: dict) -> list[str]:
     row("Measured total", lambda s: f"{s['total_mib']:.0f} MiB for {s['days']:g} days")
     row("30 days extrapolated (from the medians of each kind of day)",
         lambda s: _num(s.get("extrapolated_30d_mib"), "MiB"))
-    for role, label in (("collectors_sample", "host sample"),
-                        ("collectors_enginesample", "engine sample"),
-                        ("collectors_rollup", "host roll-up"),
-                        ("collectors_enginerollup", "engine roll-up"),
-                        ("collectors_collection", "collection")):
+    for role, label in (("host_reading", "host reading"), ("engine_reading", "engine reading"),
+                        ("rollup", "host roll-up"), ("engine_rollup", "engine roll-up"),
+                        ("collection", "collection")):
         row(f"Bytes per {label} row (table + indexes)",
-            lambda s, r=role: _num((s["tables"].get(r) or {}).get("bytes_per_row"), "B"))
+            lambda s, r=role: _num(_table(s, r).get("bytes_per_row"), "B"))
+    for role, label, held in (("host_reading", "host", 21), ("engine_reading", "engine", 12)):
+        row(f"Bytes per {label} figure ({label} reading row / the "
+            f"{_figures(available, role, held)} figures it holds; formerly a row each)",
+            lambda s, r=role: _num(_table(s, r).get("bytes_per_figure"), "B"))
     row("Estimate, 30 days keeping raw rows 7 days (the earlier default)",
         lambda s: f"{s['retention_estimates']['seven_days_raw_30d_mib']:.0f} MiB")
     row("Estimate, 30 days keeping raw rows 12 hours",

@@ -2,13 +2,15 @@
 
 The 30-day dataset (see ``bench.dataset``) is written one day at a time, oldest first, and the
 database is measured after each day: the SQLite file (write-ahead log folded in) and, on
-PostgreSQL, ``pg_total_relation_size`` of SparkOps' five sample tables. Each day holds what the
-tiers of ``collectors.retention`` keep at its age: a *raw day* (the last one) raw rows and every
-roll-up tier; a *minute day* (the one before) minute, ten-minute and hourly roll-ups; an *older
-day* ten-minute and hourly roll-ups. Each kind of day gives one growth sample per day; the
-30-day figure is measured, and also extrapolated from the medians as a check. Per-table sizes
-at the end give bytes per row, from which the report estimates what other retention choices
-would cost.
+PostgreSQL, ``pg_total_relation_size`` of the five tables the dataset writes (collections, host
+readings, host roll-ups, engine readings, engine roll-ups). Each day holds what the tiers of
+``collectors.retention`` keep at its age: a *raw day* (the last one) raw rows — per collection
+a collection row, one host reading and one engine reading per engine — and every roll-up tier;
+a *minute day* (the one before) minute, ten-minute and hourly roll-ups; an *older day*
+ten-minute and hourly roll-ups. Each kind of day gives one growth sample per day; the 30-day
+figure is measured, and also extrapolated from the medians as a check. Per-table sizes at the
+end give bytes per row (a reading's also per figure it holds, to compare with the former row
+per figure), from which the report estimates what other retention choices would cost.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from bench.dataset import DAY, RAW, Generator, PostgresWriter, SqliteWriter
+from bench.dataset import DAY, HOST_METRICS, RAW, Generator, PostgresWriter, SqliteWriter
 from bench.stats import summarize
 
 MIB = 1024**2
@@ -64,14 +66,18 @@ def summarize_storage(growth: list[DayGrowth], writer: SqliteWriter | PostgresWr
         for table, count in day.rows.items():
             rows[table] = rows.get(table, 0) + count
     days = sum(g.days for g in growth)
-    tables = {
-        table: {
-            "mib": size / MIB,
-            "rows": rows.get(table, 0),
-            "bytes_per_row": size / rows[table] if rows.get(table) else None,
-        }
-        for table, size in table_sizes.items() if table in rows
-    }
+    figures_per_row = writer.tables.figures_per_row()
+    tables = {}
+    for table, size in table_sizes.items():
+        if table not in rows:
+            continue
+        count = rows[table]
+        tables[table] = {"mib": size / MIB, "rows": count,
+                         "bytes_per_row": size / count if count else None}
+        if table in figures_per_row:  # a reading: its figures, and bytes per figure
+            figures = count * figures_per_row[table]
+            tables[table] |= {"figures_per_row": figures_per_row[table], "figures": figures,
+                              "bytes_per_figure": size / figures if figures else None}
     total = writer.size()
     result = {
         "days": days,
@@ -80,6 +86,7 @@ def summarize_storage(growth: list[DayGrowth], writer: SqliteWriter | PostgresWr
         **{f"{kind}_day_mib": stats.as_dict() if stats else None
            for kind, stats in by_kind.items()},
         "total_mib": total / MIB,
+        "roles": writer.tables.roles(),
         "tables": tables,
         "generation_seconds": sum(g.seconds for g in growth),
     }
@@ -93,21 +100,24 @@ def summarize_storage(growth: list[DayGrowth], writer: SqliteWriter | PostgresWr
 
 
 def retention_estimates(storage: dict, tables: dict[str, str], engines: int,
-                        engine_metrics: int, keep: dict[str, float]) -> dict:
+                        engine_metrics: int, keep: dict[str, float],
+                        host_metrics: int = len(HOST_METRICS)) -> dict:
     """30-day size under retention choices, from measured bytes per row (an estimate).
 
     ``tables`` maps the roles of ``Tables.roles`` to table names; ``keep`` the days each tier is
-    kept: "raw", "minute", "ten" (ten-minute) and "hour".
+    kept: "raw", "minute", "ten" (ten-minute) and "hour". A raw collection is a collection row,
+    a host reading and a reading per engine; a roll-up bucket a row per host metric
+    (``host_metrics``, those the dataset writes) and per engine metric of each engine.
     """
     per_row = {role: storage["tables"].get(name, {}).get("bytes_per_row") or 0.0
                for role, name in tables.items()}
     collections_per_day = 86400 / 5
-    metrics = 16 + engines * engine_metrics
+    metrics = host_metrics + engines * engine_metrics
     # Host and engine roll-up rows weigh almost the same; their mix, weighted by count.
-    rollup_row = (16 * per_row["rollup"] + engines * engine_metrics * per_row["engine_rollup"]) \
-        / metrics
-    raw_day = collections_per_day * (16 * per_row["sample"] + per_row["collection"]
-                                     + engines * engine_metrics * per_row["engine_sample"])
+    rollup_row = (host_metrics * per_row["rollup"]
+                  + engines * engine_metrics * per_row["engine_rollup"]) / metrics
+    raw_day = collections_per_day * (per_row["collection"] + per_row["host_reading"]
+                                     + engines * per_row["engine_reading"])
     tier_day = {tier: metrics * buckets * rollup_row
                 for tier, buckets in (("minute", 1440), ("ten", 144), ("hour", 24))}
 

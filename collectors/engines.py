@@ -50,9 +50,10 @@ from collectors.kinds.llamaswap import (
 )
 from collectors.kinds.registry import READERS, reader_for
 from collectors.modelconfig import activation_bytes_per_token, read_container_model_config
-from collectors.models import Engine, EngineMetric, EngineSample, Event, Node, start_identity
+from collectors.models import Engine, EngineMetric, EngineReading, Event, Node, start_identity
 from collectors.nvml import GpuReport, processes_by_container
 from collectors.procfs import container_ids_for_pids, inode_seen_by_process
+from collectors.readings import Sample, engine_readings
 from collectors.redaction import mask_command, mask_env, mask_text
 from collectors.spanning import ray_node_without_serve, serves_http, span_fields
 from collectors.starts import observe_starts
@@ -136,7 +137,7 @@ def collect_engines(
         for engine, changed in present:
             if changed:
                 engine.save(update_fields=changed)
-        EngineSample.objects.bulk_create(samples)
+        EngineReading.objects.bulk_create(engine_readings(samples))
         Event.objects.bulk_create(events)
         _mark_gone(node, known.values(), {e.pk for e, _ in present}, now)
     engines = [engine for engine, _ in present]
@@ -284,7 +285,7 @@ class _Seen:
 
 
 def _update_engine(node: Node, api: docker.DockerClient, engine: Engine | None, seen: _Seen,
-                   now: datetime, proc_root: Path, samples: list[EngineSample],
+                   now: datetime, proc_root: Path, samples: list[tuple[Engine, Sample]],
                    events: list[Event]) -> tuple[Engine, list[str]]:
     """Fold the container's state into its engine (created when new); add its samples and
     events to the lists. Returns the engine and the names of the fields to write."""
@@ -527,14 +528,13 @@ def _mount_checks(container: EngineContainer, proc_root: Path) -> list[MountChec
     return checks
 
 
-def _container_samples(engine: Engine, now: datetime) -> list[EngineSample]:
+def _container_samples(engine: Engine, now: datetime) -> list[tuple[Engine, Sample]]:
     samples = []
     if engine.memory_usage_bytes is not None:
-        samples.append(EngineSample(engine=engine, metric=EngineMetric.CONTAINER_MEMORY, at=now,
-                                    value=engine.memory_usage_bytes))
+        samples.append((engine, Sample(EngineMetric.CONTAINER_MEMORY, now,
+                                       engine.memory_usage_bytes)))
     if engine.gpu_memory_bytes is not None:
-        samples.append(EngineSample(engine=engine, metric=EngineMetric.GPU_MEMORY, at=now,
-                                    value=engine.gpu_memory_bytes))
+        samples.append((engine, Sample(EngineMetric.GPU_MEMORY, now, engine.gpu_memory_bytes)))
     return samples
 
 
@@ -558,7 +558,7 @@ _GAUGE_METRICS = {
 
 
 def _apply_scrape(engine: Engine, reader: KindReader, outcome: ScrapeOutcome, identity: str,
-                  now: datetime, samples: list[EngineSample]) -> list[Event]:
+                  now: datetime, samples: list[tuple[Engine, Sample]]) -> list[Event]:
     """Fold one read into the engine; on failure keep the last good data and say why.
 
     ``metrics`` keeps the read's snapshot (the next read's rates start from it), what only this
@@ -592,11 +592,11 @@ def _apply_scrape(engine: Engine, reader: KindReader, outcome: ScrapeOutcome, id
                              "the engine restarted, no rate for this interval."))
     for key, metric in _GAUGE_METRICS.items():
         if snapshot.get(key) is not None:
-            samples.append(EngineSample(engine=engine, metric=metric, at=now, value=snapshot[key]))
+            samples.append((engine, Sample(metric, now, snapshot[key])))
     for key, metric in _RATE_METRICS.items():
         value = getattr(rates, key, None) if rates else None
         if value is not None:
-            samples.append(EngineSample(engine=engine, metric=metric, at=now, value=value))
+            samples.append((engine, Sample(metric, now, value)))
     return events
 
 
@@ -665,7 +665,7 @@ def _gpu_by_holder(gpu: GpuReport, holdings: Holdings, proc_root: Path) -> dict[
 def _adopt_models(node: Node, router: EngineContainer, url: str | None,
                   outcome: ScrapeOutcome | None, holdings: Holdings | None,
                   gpu_by_model: dict[str, int | None], known: dict[str, Engine], now: datetime,
-                  samples: list[EngineSample], events: list[Event]
+                  samples: list[tuple[Engine, Sample]], events: list[Event]
                   ) -> list[tuple[Engine, list[str]]]:
     """Each configured model of ``router`` as an engine row of its own.
 
@@ -689,7 +689,7 @@ def _adopt_models(node: Node, router: EngineContainer, url: str | None,
 
 def _adopt_one(node: Node, router: EngineContainer, url: str | None, model: AdoptedModel,
                holdings: Holdings | None, gpu_by_model: dict[str, int | None],
-               engine: Engine | None, now: datetime, samples: list[EngineSample],
+               engine: Engine | None, now: datetime, samples: list[tuple[Engine, Sample]],
                events: list[Event]) -> tuple[Engine, list[str]]:
     """Fold one model of a router into its engine row (created when new)."""
     name = f"{router.name}/{model.name}"

@@ -21,8 +21,9 @@ from django.db import transaction
 from collectors.fragmentation import FragmentationReading, read_compaction, read_fragmentation
 from collectors.fragmentation import sample_figures as fragmentation_figures
 from collectors.meminfo import MemInfo
-from collectors.models import Collection, Metric, Node, Sample
+from collectors.models import Collection, HostReading, Metric, Node
 from collectors.procfs import BudgetReading, Procfs
+from collectors.readings import HOST, Sample
 from collectors.sampling import PACED, Clock, WindowReading, stale_after, watch_host_memory
 
 # meminfo field -> stored metric
@@ -56,8 +57,8 @@ def collect_host_memory(
     (:func:`collectors.sampling.watch_host_memory`).
 
     Blocks for ``duration``. Writes one :class:`Collection` and, when meminfo was readable,
-    one :class:`Sample` per metric, all in one transaction. Fragmentation is read with it
-    (``collectors.fragmentation``: compaction counters before and after the window).
+    its :class:`HostReading` (a figure per metric), in one transaction. Fragmentation is read
+    with it (``collectors.fragmentation``: compaction counters before and after the window).
     """
     compaction_before = read_compaction(procfs)
     window = watch_host_memory(procfs, duration=duration, period=period, clock=clock,
@@ -113,7 +114,8 @@ def record_window(node: Node, window: WindowReading,
             error=window.error or "",
         )
         if window.last is not None:
-            Sample.objects.bulk_create(_samples(node, window, window.last, fragmentation))
+            HOST.reading(node, window.finished_at,
+                         _samples(window, window.last, fragmentation)).save()
             total = window.last.get("MemTotal")
             if total is not None and total != node.mem_total_bytes:
                 node.mem_total_bytes = total
@@ -122,17 +124,16 @@ def record_window(node: Node, window: WindowReading,
     return collection
 
 
-def _samples(node: Node, window: WindowReading, info: MemInfo,
+def _samples(window: WindowReading, info: MemInfo,
              fragmentation: FragmentationReading | None = None) -> list[Sample]:
     at = window.finished_at
     samples = [
-        _sample(node, metric, at, info.get(field), info.unknown.get(field, ""))
+        _sample(metric, at, info.get(field), info.unknown.get(field, ""))
         for field, metric in _FIELD_METRICS.items()
         if field in info.values or field in info.unknown
     ]
     samples.append(
         _sample(
-            node,
             Metric.PAGE_CACHE_RECLAIMABLE,
             at,
             info.page_cache_reclaimable(),
@@ -141,14 +142,13 @@ def _samples(node: Node, window: WindowReading, info: MemInfo,
     )
     samples.append(
         _sample(
-            node, Metric.SWAP_USED, at, info.swap_used(),
+            Metric.SWAP_USED, at, info.swap_used(),
             info.derived_unknown_reason("SwapTotal", "SwapFree"),
         )
     )
     # The minimum is stored at the instant it was seen, so a dip is drawn where it happened.
     samples.append(
         _sample(
-            node,
             Metric.MEM_AVAILABLE_MIN,
             window.min_available_at or at,
             window.min_available,
@@ -158,38 +158,36 @@ def _samples(node: Node, window: WindowReading, info: MemInfo,
     pressure = window.pressure
     no_psi = "no /proc/pressure/memory (kernel without PSI)"
     samples.append(
-        _sample(node, Metric.PSI_SOME_AVG10, at, pressure and pressure.some_avg10,
+        _sample(Metric.PSI_SOME_AVG10, at, pressure and pressure.some_avg10,
                 no_psi if pressure is None else "no 'some' line in /proc/pressure/memory")
     )
     samples.append(
-        _sample(node, Metric.PSI_FULL_AVG10, at, pressure and pressure.full_avg10,
+        _sample(Metric.PSI_FULL_AVG10, at, pressure and pressure.full_avg10,
                 no_psi if pressure is None else "no 'full' line in /proc/pressure/memory")
     )
     if fragmentation is not None:
-        samples += [_sample(node, metric, at, value, note)
+        samples += [_sample(metric, at, value, note)
                     for metric, value, note in fragmentation_figures(fragmentation)]
     if window.budget is not None:
-        samples += _budget_samples(node, window, window.budget)
+        samples += _budget_samples(window, window.budget)
     return samples
 
 
-def _budget_samples(node: Node, window: WindowReading, budget: BudgetReading) -> list[Sample]:
+def _budget_samples(window: WindowReading, budget: BudgetReading) -> list[Sample]:
     at = window.finished_at
     room_min_note = f"room unknown all interval: {budget.room_note}" if budget.room_note else \
         "room unknown all interval"
     return [
-        _sample(node, Metric.MEMORY_BUDGET_LIMIT, at, budget.limit, budget.limit_note),
-        _sample(node, Metric.MEMORY_BUDGET_ROOM, at, budget.room, budget.room_note),
+        _sample(Metric.MEMORY_BUDGET_LIMIT, at, budget.limit, budget.limit_note),
+        _sample(Metric.MEMORY_BUDGET_ROOM, at, budget.room, budget.room_note),
         # Like MemAvailable's, the lowest room is stored at the instant it was seen.
-        _sample(node, Metric.MEMORY_BUDGET_ROOM_MIN, window.min_budget_room_at or at,
+        _sample(Metric.MEMORY_BUDGET_ROOM_MIN, window.min_budget_room_at or at,
                 window.min_budget_room, room_min_note),
     ]
 
 
-def _sample(node: Node, metric: Metric, at, value: float | None, note: str) -> Sample:
-    return Sample(
-        node=node, metric=metric, at=at, value=value, note="" if value is not None else note[:200]
-    )
+def _sample(metric: Metric, at, value: float | None, note: str) -> Sample:
+    return Sample(metric, at, value, "" if value is not None else note[:200])
 
 
 @dataclass(frozen=True)
@@ -225,8 +223,8 @@ def latest_collection(node: Node, now: datetime, interval: float, metrics: Itera
 
     ``interval`` is the collection interval, for the staleness rule. Whether a stale figure is
     shown (the overview, with a warning) or treated as unknown (the exports) is the caller's
-    choice. Cost: two indexed queries (the latest collection, then a short (node, metric, at)
-    index range per metric); one when there is no successful latest collection.
+    choice. Cost: two indexed queries (the latest collection, then its reading); one when there
+    is no successful latest collection.
     """
     latest = Collection.objects.filter(node=node).order_by("-at").first()
     if latest is None:
@@ -234,10 +232,7 @@ def latest_collection(node: Node, now: datetime, interval: float, metrics: Itera
     age = (now - latest.at).total_seconds()
     samples: dict[int, Sample] = {}
     if latest.ok:
-        # The interval minimum is stored at the instant it was seen, inside the window.
-        rows = Sample.objects.filter(
-            node=node, metric__in=list(metrics),
-            at__gte=latest.window_started_at, at__lte=latest.at,
-        ).order_by("at")
-        samples = {row.metric: row for row in rows}
+        reading = HostReading.objects.filter(node=node, at=latest.at).first()
+        if reading is not None:
+            samples = HOST.samples(reading, metrics)
     return LatestCollection(latest, age, age > stale_after(interval), samples)

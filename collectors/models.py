@@ -1,8 +1,12 @@
-"""Nodes and the narrow time-series tables their samples live in.
+"""Nodes and the time-series tables their samples live in.
 
 Every sample belongs to a node, so one central SparkOps can watch a fleet of GB10s.
-``Sample`` is narrow (node, metric, time, value): adding a metric is a new enum member, not a
-migration, and each chart query reads one (node, metric, time-range) slice of one index.
+Raw samples are stored a row per collection: :class:`HostReading` holds one collection's host
+figures and :class:`EngineReading` one engine's figures of one collection, a column per metric
+(about 70 values per collection at four engines: a row each cost more in row headers and index
+entries than in figures). ``collectors.readings`` is the one place that maps a metric to its
+column. Roll-ups stay narrow (node or engine, metric, bucket): a chart over days reads one
+(metric, range) slice of their index. GPU samples stay narrow too: a GB10 has one GPU.
 """
 
 from __future__ import annotations
@@ -113,21 +117,49 @@ class Collection(models.Model):
         ordering = ["-at"]
 
 
-class Sample(models.Model):
-    """One value of one metric of one node at one instant.
+class HostReading(models.Model):
+    """One collection's host figures: a column per :class:`Metric` (its name in lower case).
 
-    ``value`` is NULL when the figure was unknown at that instant; ``note`` says why.
+    A figure is NULL when it was not read (a budget that is not watched) or was unknown at that
+    instant; ``notes`` then says why, by metric id, for each figure that was read as unknown.
+    ``at`` is the collection's time; an interval minimum has its own (``*_min_at``), the instant
+    it was seen, so a dip is drawn where it happened. Read and written through
+    ``collectors.readings``.
     """
 
-    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
-    metric = models.PositiveSmallIntegerField(choices=Metric.choices)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+", db_index=False)
     at = models.DateTimeField()
-    value = models.FloatField(null=True)
-    note = models.CharField(max_length=200, blank=True)
+    mem_total = models.FloatField(null=True)
+    mem_free = models.FloatField(null=True)
+    mem_available = models.FloatField(null=True)
+    mem_available_min = models.FloatField(null=True)
+    mem_available_min_at = models.DateTimeField(null=True)  # when it was seen
+    buffers = models.FloatField(null=True)
+    cached = models.FloatField(null=True)
+    sreclaimable = models.FloatField(null=True)
+    shmem = models.FloatField(null=True)
+    dirty = models.FloatField(null=True)
+    swap_total = models.FloatField(null=True)
+    swap_free = models.FloatField(null=True)
+    cma_free = models.FloatField(null=True)
+    page_cache_reclaimable = models.FloatField(null=True)
+    swap_used = models.FloatField(null=True)
+    psi_some_avg10 = models.FloatField(null=True)
+    psi_full_avg10 = models.FloatField(null=True)
+    memory_budget_limit = models.FloatField(null=True)
+    memory_budget_room = models.FloatField(null=True)
+    memory_budget_room_min = models.FloatField(null=True)
+    memory_budget_room_min_at = models.DateTimeField(null=True)  # when it was seen
+    buddy_free = models.FloatField(null=True)
+    free_in_huge_blocks = models.FloatField(null=True)
+    largest_free_block = models.FloatField(null=True)
+    compact_stalls_per_min = models.FloatField(null=True)
+    compact_fails_per_min = models.FloatField(null=True)
+    notes = models.JSONField(default=dict, blank=True)
 
     class Meta:
-        # Every chart and prune query is "node N, metric M, time range".
-        indexes = [models.Index(fields=["node", "metric", "at"], name="sample_node_metric_at")]
+        # Every chart, rule and prune query is "node N, time range".
+        constraints = [models.UniqueConstraint(fields=["node", "at"], name="hostreading_node_at")]
 
 
 class Rollup(models.Model):
@@ -313,14 +345,33 @@ class EngineMetric(models.IntegerChoices):
     SPEC_TOKENS_PER_STEP = 15, "Speculative tokens per step"
 
 
-class EngineSample(models.Model):
-    engine = models.ForeignKey(Engine, on_delete=models.CASCADE, related_name="+")
-    metric = models.PositiveSmallIntegerField(choices=EngineMetric.choices)
+class EngineReading(models.Model):
+    """One engine's figures of one collection: a column per :class:`EngineMetric` (its name in
+    lower case), NULL where the engine did not report it; ``notes`` as on :class:`HostReading`.
+    Read and written through ``collectors.readings``."""
+
+    engine = models.ForeignKey(Engine, on_delete=models.CASCADE, related_name="+", db_index=False)
     at = models.DateTimeField()
-    value = models.FloatField(null=True)
+    requests_running = models.FloatField(null=True)
+    requests_waiting = models.FloatField(null=True)
+    kv_cache_usage = models.FloatField(null=True)
+    prefill_tps = models.FloatField(null=True)
+    decode_tps = models.FloatField(null=True)
+    ttft_p50 = models.FloatField(null=True)
+    ttft_p95 = models.FloatField(null=True)
+    itl_p50 = models.FloatField(null=True)
+    itl_p95 = models.FloatField(null=True)
+    prefix_cache_hit_rate = models.FloatField(null=True)
+    spec_acceptance = models.FloatField(null=True)
+    preemptions_per_s = models.FloatField(null=True)
+    container_memory = models.FloatField(null=True)
+    gpu_memory = models.FloatField(null=True)
+    spec_tokens_per_step = models.FloatField(null=True)
+    notes = models.JSONField(default=dict, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["engine", "metric", "at"], name="esample_engine_metric_at")]
+        constraints = [models.UniqueConstraint(fields=["engine", "at"],
+                                               name="enginereading_engine_at")]
 
 
 class EngineRollup(models.Model):
@@ -354,8 +405,9 @@ GPU_NOT_SUPPORTED = "not supported"
 
 
 class GpuSample(models.Model):
-    """One NVML figure of one GPU of a node at one read: narrow like :class:`Sample`, so the
-    roll-up tiers and chart readers of host and engine series serve it unchanged.
+    """One NVML figure of one GPU of a node at one read: narrow (node, device, metric, time,
+    value), a row per figure, since a GB10 has one GPU and its figures are few; the roll-up tiers
+    and chart readers serve it beside the host and engine readings (``collectors.readings``).
 
     ``value`` is NULL when NVML gave no figure; ``note`` says why, in the words
     ``collectors.gpus.field_reading`` writes ("not supported" when the GPU cannot report it,
@@ -372,7 +424,7 @@ class GpuSample(models.Model):
 
     class Meta:
         indexes = [
-            # Chart and prune queries are "node N, metric M, time range", as for Sample.
+            # Chart and prune queries are "node N, metric M, time range".
             models.Index(fields=["node", "metric", "at"], name="gsample_node_metric_at"),
             # The reads that failed in a chart's range, without walking the figures NVML gave
             # or those a GPU never supports (a row per read each).

@@ -53,7 +53,7 @@ from typing import Any, Literal
 from django.conf import settings
 
 from collectors.meminfo import parse_meminfo
-from collectors.models import Engine, Metric, Node, Rollup, Sample
+from collectors.models import Engine, Metric, Node, Rollup
 from collectors.nodes import local_procfs
 from collectors.procfs import (
     CGROUP_ROOT,
@@ -62,6 +62,7 @@ from collectors.procfs import (
     container_id_for_pid,
     process_ids,
 )
+from collectors.readings import HOST
 from sparkops.units import KIB, MIB, size_text
 
 Status = Literal["ok", "warn", "info", "unknown"]
@@ -545,9 +546,8 @@ def page_cache_finding(node: Node, now: datetime) -> Finding:
                 .values_list("mean", flat=True))
     source = "ten-minute roll-ups of the last 7 days"
     if not rows:
-        rows = list(Sample.objects.filter(node=node, metric=Metric.PAGE_CACHE_RECLAIMABLE,
-                                          at__gte=since, value__isnull=False)
-                    .values_list("value", flat=True))
+        rows = list(HOST.holding(Metric.PAGE_CACHE_RECLAIMABLE)
+                    .filter(node=node, at__gte=since).values_list("value", flat=True))
         source = "samples of the last 7 days"
     if not rows:
         return Finding("page-cache", title, "unknown",

@@ -7,7 +7,7 @@ as monitoring systems with long memories do, history is kept in tiers:
 =========================  ==========  ===============================================
 Tier                        Bucket      Kept
 =========================  ==========  ===============================================
-raw samples                 5 s         ``SPARKOPS_RAW_RETENTION_DAYS`` (default 1)
+raw samples (readings)      5 s         ``SPARKOPS_RAW_RETENTION_DAYS`` (default 1)
 minute roll-ups             1 min       2 days
 ten-minute roll-ups         10 min      35 days
 hourly roll-ups             1 h         ``SPARKOPS_ROLLUP_RETENTION_DAYS`` (default 90)
@@ -18,7 +18,9 @@ min, mean, max and sample count, for host metrics (:class:`Rollup`), engine metr
 (:class:`EngineRollup`) and GPU metrics (:class:`GpuRollup`) alike, so the minimum a transient
 prefill buffer makes survives every tier, and a chart over any range reads at most a couple of
 thousand rows per series (``dashboard.series``). The three are one :class:`Family` each: its
-raw table, its roll-up table and the keys a series is told apart by.
+raw table, its roll-up table and the keys a series is told apart by. Host and engine samples
+are raw readings, a row per collection with a column per metric (``collectors.readings``), and
+their minutes are computed from the columns; GPU samples are a row each.
 
 Roll-up is idempotent (a bucket is recomputed whole) and advances one per-node watermark; a
 bucket of a coarser tier is computed from the tier below once its last minute is rolled up.
@@ -40,19 +42,18 @@ from django.db.models.functions import TruncMinute
 from collectors.models import (
     Collection,
     Engine,
-    EngineMetric,
+    EngineReading,
     EngineRollup,
-    EngineSample,
     Event,
     GpuMetric,
     GpuRollup,
     GpuSample,
+    HostReading,
     LedgerChange,
-    Metric,
     Node,
     Rollup,
-    Sample,
 )
+from collectors.readings import ENGINE, HOST, Layout
 
 # A minute is rolled up only once it is this far in the past: the interval minimum of a
 # collection is written a few seconds after the instant it belongs to.
@@ -77,7 +78,7 @@ TIERS = (MINUTE, Tier(600, timedelta(days=35), "10 min"), Tier(3600, None, "1 h"
 
 @dataclass(frozen=True)
 class PruneResult:
-    samples: int
+    samples: int  # raw rows: host and engine readings, GPU samples
     collections: int
     rollups: int
 
@@ -95,22 +96,38 @@ def floor_to(moment: datetime, seconds: int) -> datetime:
 @dataclass(frozen=True)
 class Family:
     """One kind of series of a node: its raw samples and roll-ups (querysets limited to the
-    node), the keys that tell its series apart, and how a roll-up row of it is made."""
+    node), the keys that tell its series apart, how a roll-up row of it is made, and, for
+    readings, their layout (None: a row per sample)."""
 
     samples: QuerySet
     rollups: QuerySet
     keys: tuple[str, ...]
     make: Callable[..., Model]
+    layout: Layout | None = None
+
+    def first_at(self, since: datetime | None) -> datetime | None:
+        """The earliest raw sample at or after ``since``."""
+        if self.layout is not None:
+            return self.layout.first_at(self.samples, since)
+        rows = self.samples if since is None else self.samples.filter(at__gte=since)
+        return rows.aggregate(first=Min("at"))["first"]
+
+    def minute_rows(self, start: datetime, until: datetime) -> list[dict]:
+        """Per-minute min/max/mean/count of the raw samples in [start, until), by series."""
+        if self.layout is not None:
+            rows = self.layout.minute_rows(self.samples, self.keys[:-1], start, until)
+            return [{**row, "resolution": MINUTE.resolution} for row in rows]
+        return _minute_rows(self.samples, self.keys, start, until)
 
 
 def families(node: Node, engine_ids: list[int]) -> tuple[Family, ...]:
     """The node's host, engine and GPU series, each rolled up and pruned the same way."""
     return (
-        Family(Sample.objects.filter(node=node), Rollup.objects.filter(node=node), ("metric",),
-               partial(Rollup, node=node)),
-        Family(EngineSample.objects.filter(engine_id__in=engine_ids),
+        Family(HostReading.objects.filter(node=node), Rollup.objects.filter(node=node),
+               ("metric",), partial(Rollup, node=node), HOST),
+        Family(EngineReading.objects.filter(engine_id__in=engine_ids),
                EngineRollup.objects.filter(engine_id__in=engine_ids), ("engine_id", "metric"),
-               EngineRollup),
+               EngineRollup, ENGINE),
         Family(GpuSample.objects.filter(node=node), GpuRollup.objects.filter(node=node),
                ("device_index", "metric"), partial(GpuRollup, node=node)),
     )
@@ -144,10 +161,7 @@ def rollup_node(node: Node, now: datetime, max_chunks: int = 8) -> int:
 
 
 def _first_sample_at(kinds: tuple[Family, ...], since: datetime | None) -> datetime | None:
-    firsts = []
-    for family in kinds:
-        rows = family.samples if since is None else family.samples.filter(at__gte=since)
-        firsts.append(rows.aggregate(first=Min("at"))["first"])
+    firsts = [family.first_at(since) for family in kinds]
     return min((moment for moment in firsts if moment is not None), default=None)
 
 
@@ -171,7 +185,7 @@ def _advance(node: Node, kinds: tuple[Family, ...], start: datetime, until: date
             node.refresh_from_db(fields=["rolled_up_until"])
             return None
         for family in kinds:
-            minutes = _minute_rows(family.samples, family.keys, start, until)
+            minutes = family.minute_rows(start, until)
             written += _replace(family.rollups, start, until, MINUTE,
                                 [family.make(**row) for row in minutes])
         for finer, tier in zip(TIERS, TIERS[1:], strict=False):
@@ -181,7 +195,8 @@ def _advance(node: Node, kinds: tuple[Family, ...], start: datetime, until: date
 
 
 def _minute_rows(samples, keys: tuple[str, ...], start: datetime, until: datetime) -> list[dict]:
-    """Per-minute min/max/mean/count of the samples in [start, until), grouped by ``keys``."""
+    """Per-minute min/max/mean/count of the samples (a row each) in [start, until), grouped by
+    ``keys``."""
     groups = (
         samples.filter(at__gte=start, at__lt=until, value__isnull=False)
         .annotate(bucket=TruncMinute("at"))
@@ -240,14 +255,11 @@ def prune_node(node: Node, now: datetime, raw_days: float, rollup_days: float) -
     else:
         raw_cutoff = min(raw_cutoff, now - timedelta(days=rollup_days))
     engine_ids = list(Engine.objects.filter(node=node).values_list("pk", flat=True))
-    samples = 0
-    # One (node, metric, at) or (engine, metric, at) index range per delete.
-    for metric in Metric.values:
-        samples += Sample.objects.filter(node=node, metric=metric, at__lt=raw_cutoff).delete()[0]
+    # One (node, at), (engine, at) or (node, metric, at) index range per delete.
+    samples = HostReading.objects.filter(node=node, at__lt=raw_cutoff).delete()[0]
     for engine_id in engine_ids:
-        for metric in EngineMetric.values:
-            samples += EngineSample.objects.filter(engine_id=engine_id, metric=metric,
-                                                   at__lt=raw_cutoff).delete()[0]
+        samples += EngineReading.objects.filter(engine_id=engine_id,
+                                                at__lt=raw_cutoff).delete()[0]
     for metric in GpuMetric.values:
         samples += GpuSample.objects.filter(node=node, metric=metric,
                                             at__lt=raw_cutoff).delete()[0]

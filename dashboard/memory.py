@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from collectors.hostmemory import LatestCollection, latest_collection
-from collectors.models import Collection, Metric, Node, Sample
+from collectors.models import Collection, Metric, Node
 from collectors.procfs import NO_LIMIT_NOTE
+from collectors.readings import Sample
 from collectors.sampling import stale_after
 from dashboard.downsample import SeriesPoint, break_long_gaps, downsample
 from sparkops.units import UNKNOWN, fixed_gib_text, gib

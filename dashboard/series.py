@@ -28,14 +28,15 @@ from django.db.models import BigIntegerField, F, Func, Max, Min, QuerySet
 
 from collectors.models import (
     Engine,
+    EngineReading,
     EngineRollup,
-    EngineSample,
     GpuRollup,
     GpuSample,
+    HostReading,
     Node,
     Rollup,
-    Sample,
 )
+from collectors.readings import ENGINE, HOST, Layout
 from collectors.retention import MINUTE, TIERS, floor_to
 from dashboard.downsample import SeriesPoint
 
@@ -70,9 +71,9 @@ def host_points(node: Node, metrics: Iterable[int], start: datetime, resolution:
                 bucket_seconds: float = 0) -> dict[int, list[SeriesPoint]]:
     """Host-memory series from ``start`` to now at ``resolution`` (0: raw), by metric; roll-up
     rows grouped into buckets of ``bucket_seconds`` in the database when that is coarser."""
-    found = _points(Sample.objects.filter(node_id=node.pk),
+    found = _points(HostReading.objects.filter(node_id=node.pk),
                     Rollup.objects.filter(node_id=node.pk), ("metric",), list(metrics), start,
-                    None, resolution, node.rolled_up_until, bucket_seconds)
+                    None, resolution, node.rolled_up_until, bucket_seconds, HOST)
     return {metric: found.get((metric,), []) for metric in metrics}
 
 
@@ -85,10 +86,10 @@ def engine_points(engines: Iterable[Engine], metrics: Iterable[int], start: date
     if not engines:
         return {}
     ids = [engine.pk for engine in engines]
-    found = _points(EngineSample.objects.filter(engine_id__in=ids),
+    found = _points(EngineReading.objects.filter(engine_id__in=ids),
                     EngineRollup.objects.filter(engine_id__in=ids), ("engine_id", "metric"),
                     metrics, start, end, resolution, engines[0].node.rolled_up_until,
-                    bucket_seconds)
+                    bucket_seconds, ENGINE)
     return {(pk, metric): found.get((pk, metric), []) for pk in ids for metric in metrics}
 
 
@@ -103,11 +104,12 @@ def gpu_points(node: Node, metrics: Iterable[int], start: datetime, resolution: 
 
 def _points(samples: QuerySet, rollups: QuerySet, keys: tuple[str, ...], metrics: list[int],
             start: datetime, end: datetime | None, resolution: int,
-            rolled_up_until: datetime | None, bucket_seconds: float
-            ) -> dict[tuple, list[SeriesPoint]]:
+            rolled_up_until: datetime | None, bucket_seconds: float,
+            layout: Layout | None = None) -> dict[tuple, list[SeriesPoint]]:
     """Series by ``keys`` (e.g. (engine id, metric)), in one query for all of them: the chosen
     tier up to its last complete bucket, the minute tier up to the roll-up watermark, raw
-    samples after it, each a part of one ``UNION ALL``.
+    samples after it, each a part of one ``UNION ALL``. ``samples`` are readings of ``layout``
+    (a part per metric, ``collectors.readings``), or a row per sample when it is None.
 
     The query asks for no order: PostgreSQL would sort tens of thousands of rows gathered from
     its index for every key (half of the query's time), while each series, already nearly in
@@ -135,11 +137,16 @@ def _points(samples: QuerySet, rollups: QuerySet, keys: tuple[str, ...], metrics
                 .values_list(*keys, "epoch", "min", "max")
         parts.append(rows)
         since = until
-    rows = samples.filter(metric__in=metrics, at__gte=since)
-    if end is not None:
-        rows = rows.filter(at__lte=end)
-    parts.append(rows.annotate(epoch=EpochMillis("at"), low=F("value"), high=F("value"))
-                 .order_by().values_list(*keys, "epoch", "low", "high"))
+    if layout is not None:
+        parts += [layout.figures(samples, metric, since, end)
+                  .annotate(epoch=EpochMillis("when"), low=F("figure"), high=F("figure"))
+                  .order_by().values_list(*keys, "epoch", "low", "high") for metric in metrics]
+    else:
+        rows = samples.filter(metric__in=metrics, at__gte=since)
+        if end is not None:
+            rows = rows.filter(at__lte=end)
+        parts.append(rows.annotate(epoch=EpochMillis("at"), low=F("value"), high=F("value"))
+                     .order_by().values_list(*keys, "epoch", "low", "high"))
     query = parts[0].union(*parts[1:], all=True) if len(parts) > 1 else parts[0]
     _collect(points, _fetch(query), len(keys))
     for series in points.values():

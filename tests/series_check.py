@@ -21,7 +21,15 @@ django.setup()
 
 from django.db import connection  # noqa: E402
 
-from collectors.models import Engine, EngineMetric, EngineSample, Metric, Node, Sample  # noqa: E402
+from collectors.models import (  # noqa: E402
+    Engine,
+    EngineMetric,
+    EngineReading,
+    HostReading,
+    Metric,
+    Node,
+)
+from collectors.readings import ENGINE, HOST, Sample  # noqa: E402
 from collectors.retention import rollup_node  # noqa: E402
 from dashboard.downsample import epoch_ms, from_epoch_ms  # noqa: E402
 from dashboard.series import engine_points, host_points  # noqa: E402
@@ -38,11 +46,11 @@ def main() -> None:
     engine = Engine.objects.create(node=node, name="gemma", container_id="g" * 64,
                                    container_state="running")
     ticks = [T0 + timedelta(seconds=5 * i) for i in range(12 * 155)]  # 2 h 35 min
-    Sample.objects.bulk_create(
-        Sample(node=node, metric=Metric.MEM_AVAILABLE, at=at, value=1.0 if i == 100 else 9.0)
+    HostReading.objects.bulk_create(
+        HOST.reading(node, at, [Sample(Metric.MEM_AVAILABLE, at, 1.0 if i == 100 else 9.0)])
         for i, at in enumerate(ticks))
-    EngineSample.objects.bulk_create(
-        EngineSample(engine=engine, metric=EngineMetric.DECODE_TPS, at=at, value=float(i % 7))
+    EngineReading.objects.bulk_create(
+        ENGINE.reading(engine, at, [Sample(EngineMetric.DECODE_TPS, at, float(i % 7))])
         for i, at in enumerate(ticks))
     now = ticks[-1] + timedelta(seconds=20)  # the last minute is not rolled up yet
     while rollup_node(node, now):
@@ -67,8 +75,9 @@ def main() -> None:
     # newest first, so that the table's order is not the series' order.
     odd = Node.objects.create(name="pg-rounding")
     moments = [T0 + timedelta(microseconds=us) for us in (0, 499, 500, 123_456, 999_500)]
-    Sample.objects.bulk_create(Sample(node=odd, metric=Metric.MEM_AVAILABLE, at=at, value=1.0)
-                               for at in reversed(moments))
+    HostReading.objects.bulk_create(
+        HOST.reading(odd, at, [Sample(Metric.MEM_AVAILABLE, at, 1.0)])
+        for at in reversed(moments))
     with connection.cursor() as cursor:  # without index scans: in the table's order
         cursor.execute("SET enable_indexscan = off")
         cursor.execute("SET enable_indexonlyscan = off")

@@ -7,7 +7,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from collectors.models import Collection, Metric, Node, Sample
+from collectors.models import Collection, Metric, Node
+from collectors.readings import HOST, Sample
 from dashboard.alerting.models import Alert, AlertState
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -20,13 +21,11 @@ def _seed(node: Node) -> None:
         at = now - timedelta(seconds=5 * (59 - i))
         Collection.objects.create(node=node, at=at, window_started_at=at - timedelta(seconds=4.75),
                                   ok=True)
-        Sample.objects.bulk_create([
-            Sample(node=node, metric=Metric.MEM_AVAILABLE, at=at, value=(40 + i % 3) * GIB),
-            Sample(node=node, metric=Metric.MEM_AVAILABLE_MIN, at=at,
-                   value=(12 if i == 30 else 39) * GIB),
-            Sample(node=node, metric=Metric.MEM_FREE, at=at, value=None,
-                   note="missing from /proc/meminfo"),
-        ])
+        HOST.reading(node, at, [
+            Sample(Metric.MEM_AVAILABLE, at, (40 + i % 3) * GIB),
+            Sample(Metric.MEM_AVAILABLE_MIN, at, (12 if i == 30 else 39) * GIB),
+            Sample(Metric.MEM_FREE, at, None, note="missing from /proc/meminfo"),
+        ]).save()
 
 
 def test_overview_logs_in_shows_figures_and_draws_the_chart(live_server, page, django_user_model,
@@ -79,7 +78,7 @@ def test_overview_refreshes_itself_while_open(live_server, page, django_user_mod
     at = timezone.now()
     Collection.objects.create(node=node, at=at, window_started_at=at - timedelta(seconds=1),
                               ok=True)
-    Sample.objects.create(node=node, metric=Metric.MEM_AVAILABLE, at=at, value=33 * GIB)
+    HOST.reading(node, at, [Sample(Metric.MEM_AVAILABLE, at, 33 * GIB)]).save()
 
     page.wait_for_function(
         "document.querySelector('.figure[data-key=\"mem_available\"] .value')"

@@ -32,13 +32,14 @@ from collectors.models import (
     Collection,
     Engine,
     EngineMetric,
-    EngineSample,
+    EngineReading,
     Event,
+    HostReading,
     Metric,
     Node,
-    Sample,
 )
 from collectors.processes import ProcessGroup
+from collectors.readings import ENGINE, HOST, Sample
 from dashboard.alerting.models import Alert, RuleSetting
 from dashboard.alerting.pipeline import run_alerts
 from dashboard.alerting.settings import RULES
@@ -269,9 +270,9 @@ def _phase(minutes_ago: float, down: tuple[float, float]) -> bool:
 
 
 def _samples(node: Node, gemma: Engine, nemotron: Engine, now: datetime) -> None:
-    host: list[Sample] = []
+    host: list[HostReading] = []
     collections: list[Collection] = []
-    engine_rows: list[EngineSample] = []
+    engine_rows: list[EngineReading] = []
     for i in range(3600 // STEP):
         at = now - timedelta(seconds=3600 - STEP * (i + 1))
         ago = (now - at).total_seconds() / 60
@@ -284,11 +285,12 @@ def _samples(node: Node, gemma: Engine, nemotron: Engine, now: datetime) -> None
         collections.append(Collection(node=node, at=at, window_started_at=at - timedelta(
             seconds=STEP), ok=True))
         pressure = 4.0 + 3 * math.sin(i / 5) if ago <= 25 else 0.2
-        for metric, value in [(Metric.MEM_AVAILABLE, available), (Metric.MEM_AVAILABLE_MIN,
-                              minimum), (Metric.MEM_FREE, available - 3.2 - 0.02 * (i % 9)),
-                              (Metric.PAGE_CACHE_RECLAIMABLE, 3.2), (Metric.SWAP_USED, 0.0)]:
-            host.append(Sample(node=node, metric=metric, at=at, value=value * GIB))
-        host.append(Sample(node=node, metric=Metric.PSI_SOME_AVG10, at=at, value=pressure))
+        figures = [Sample(metric, at, value * GIB) for metric, value in [
+            (Metric.MEM_AVAILABLE, available), (Metric.MEM_AVAILABLE_MIN, minimum),
+            (Metric.MEM_FREE, available - 3.2 - 0.02 * (i % 9)),
+            (Metric.PAGE_CACHE_RECLAIMABLE, 3.2), (Metric.SWAP_USED, 0.0)]]
+        figures.append(Sample(Metric.PSI_SOME_AVG10, at, pressure))
+        host.append(HOST.reading(node, at, figures))
         if gemma_up:
             busy = (i // 12) % 2 == 0  # two-minute stretches of one chat, then idle
             engine_rows += _engine_rows(gemma, at, running=2 if prefill else int(busy),
@@ -301,14 +303,14 @@ def _samples(node: Node, gemma: Engine, nemotron: Engine, now: datetime) -> None
                                         kv=0.08 + 0.01 * (i % 5),
                                         held=87.5 if ago <= 25 else 71.5)
     Collection.objects.bulk_create(collections)
-    Sample.objects.bulk_create(host)
-    EngineSample.objects.bulk_create(engine_rows)
+    HostReading.objects.bulk_create(host)
+    EngineReading.objects.bulk_create(engine_rows)
 
 
 def _small_engine_samples(qwen: Engine, ollama: Engine, now: datetime) -> None:
     """The llama-server's samples as its /metrics and /slots give them (no latency
     histograms), and Ollama's only what NVML sees it hold: it keeps no counters at all."""
-    rows: list[EngineSample] = []
+    rows: list[EngineReading] = []
     for i in range(3600 // STEP):
         at = now - timedelta(seconds=3600 - STEP * (i + 1))
         ago = (now - at).total_seconds() / 60
@@ -317,18 +319,17 @@ def _small_engine_samples(qwen: Engine, ollama: Engine, now: datetime) -> None:
                              prefill=5120.0 if i % 13 == 0 else 0.0,
                              kv=0.21 if chatting else 0.0, held=QWEN_HOLDS)
         held = OLLAMA_HOLDS if ago <= OLLAMA_LOADED_AGO else 0.1
-        rows.append(EngineSample(engine=ollama, metric=EngineMetric.GPU_MEMORY, at=at,
-                                 value=held * GIB))
-    EngineSample.objects.bulk_create(rows)
+        rows.append(ENGINE.reading(ollama, at, [Sample(EngineMetric.GPU_MEMORY, at, held * GIB)]))
+    EngineReading.objects.bulk_create(rows)
 
 
 def _engine_rows(engine: Engine, at: datetime, *, running: int, decode: float, prefill: float,
-                 kv: float, held: float) -> list[EngineSample]:
+                 kv: float, held: float) -> list[EngineReading]:
     values = {EngineMetric.REQUESTS_RUNNING: running, EngineMetric.REQUESTS_WAITING: 0,
               EngineMetric.DECODE_TPS: decode, EngineMetric.PREFILL_TPS: prefill,
               EngineMetric.KV_CACHE_USAGE: kv, EngineMetric.GPU_MEMORY: held * GIB}
-    return [EngineSample(engine=engine, metric=metric, at=at, value=value)
-            for metric, value in values.items()]
+    return [ENGINE.reading(engine, at, [Sample(metric, at, value)
+                                        for metric, value in values.items()])]
 
 
 def _events_and_restarts(node: Node, gemma: Engine, nemotron: Engine, now: datetime) -> None:

@@ -9,7 +9,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from collectors.models import Engine, EngineMetric, EngineSample, Node
+from collectors.models import Engine, EngineMetric, EngineReading, Node
+from collectors.readings import ENGINE, Sample
 from collectors.vllm.flags import parse_command_line
 from tests.test_browser_pages import PASSWORD, _login
 
@@ -23,12 +24,13 @@ def _engine(node: Node, name: str, command: list[str]) -> Engine:
         node=node, name=name, container_id=name * 8, container_state="running", phase="ready",
         config=parse_command_line(command).as_dict(), metrics={"snapshot": {"model_name": name}})
     now = timezone.now()
-    EngineSample.objects.bulk_create([
-        EngineSample(engine=engine, metric=metric, at=now - timedelta(seconds=5 * i), value=value)
+    EngineReading.objects.bulk_create([
+        ENGINE.reading(engine, now - timedelta(seconds=5 * i), [
+            Sample(metric, now - timedelta(seconds=5 * i), value)
+            for metric, value in ((EngineMetric.DECODE_TPS, 40.0),
+                                  (EngineMetric.SPEC_ACCEPTANCE, 0.743),
+                                  (EngineMetric.SPEC_TOKENS_PER_STEP, 3.97))])
         for i in range(12)
-        for metric, value in ((EngineMetric.DECODE_TPS, 40.0),
-                              (EngineMetric.SPEC_ACCEPTANCE, 0.743),
-                              (EngineMetric.SPEC_TOKENS_PER_STEP, 3.97))
     ])
     return engine
 

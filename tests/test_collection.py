@@ -8,8 +8,9 @@ import pytest
 
 from collectors.hostmemory import collect_host_memory
 from collectors.meminfo import parse_meminfo
-from collectors.models import Collection, Metric, Sample
+from collectors.models import Collection, HostReading, Metric
 from collectors.procfs import Procfs
+from tests.stored import host_samples
 
 FIXTURES = Path(__file__).parent / "fixtures" / "procfs"
 GIB = 1024**3
@@ -18,7 +19,7 @@ GIB = 1024**3
 def _values(collection):
     return {
         s.metric: (s.value, s.note)
-        for s in Sample.objects.filter(node=collection.node, at__lte=collection.at)
+        for s in host_samples(collection.node) if s.at <= collection.at
     }
 
 
@@ -62,7 +63,7 @@ def test_unreadable_meminfo_is_a_failed_collection_with_the_reason(node, procfs_
 
     assert not collection.ok
     assert "meminfo does not exist" in collection.error
-    assert not Sample.objects.filter(node=node).exists()
+    assert not HostReading.objects.filter(node=node).exists()
     assert Collection.objects.get(pk=collection.pk).error == collection.error
 
 
@@ -98,8 +99,8 @@ def test_a_one_second_allocation_between_collections_is_the_interval_minimum(nod
         holder.kill()
     allocated = [line.split() for line in output.splitlines() if line.startswith("allocated")][0]
     released = [line.split() for line in output.splitlines() if line.startswith("released")][0]
-    minimum = Sample.objects.get(node=node, metric=Metric.MEM_AVAILABLE_MIN)
-    last = Sample.objects.get(node=node, metric=Metric.MEM_AVAILABLE)
+    (minimum,) = host_samples(node, Metric.MEM_AVAILABLE_MIN)
+    (last,) = host_samples(node, Metric.MEM_AVAILABLE)
 
     assert minimum.value <= before - 0.75 * size
     assert last.value > minimum.value  # the allocation was released inside the window

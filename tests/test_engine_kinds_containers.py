@@ -18,7 +18,7 @@ from django.utils import timezone
 from collectors import docker_api
 from collectors.hostmemory import collect_host_memory, window_figures
 from collectors.ledger import update_ledger
-from collectors.models import Engine, EngineMetric, EngineSample, Event
+from collectors.models import Engine, EngineMetric, Event
 from collectors.procfs import Procfs
 from dashboard.alerting.models import Alert, RuleSetting
 from dashboard.alerting.settings import RULES
@@ -28,6 +28,7 @@ from tests.containers import budget_squeeze_margin_gib, podman, run_container, u
 from tests.cycles import CollectionCycle, collect_engines_until, ledger_shares
 from tests.scrape import faultserver
 from tests.scrape.faultserver import FaultServer
+from tests.stored import engine_samples
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 MIB = 1024**2
@@ -91,7 +92,7 @@ def test_llamacpp_server_end_to_end(node, api, admin_client, tmp_path):
     assert engine.memory_usage_bytes > 64 * MIB  # really reserved, seen by the cgroup
     assert engine.rates["prefill_tokens_per_s"] > 0 and engine.rates["decode_tokens_per_s"] > 0
     assert engine.metrics["details"]["props"]["total_slots"] == 4
-    assert EngineSample.objects.filter(engine=engine, metric=EngineMetric.DECODE_TPS).exists()
+    assert engine_samples(engine, EngineMetric.DECODE_TPS)
     assert "context-split-across-slots" in {f["code"] for f in engine.findings}
 
     share = _ledger(node)[name]
@@ -167,8 +168,8 @@ def test_ollama_server_end_to_end(node, api, admin_client):
     # No /metrics: no rates at all, said with the reason, never a 0.
     assert engine.rates.get("decode_tokens_per_s") is None
     assert engine.metrics["unknown"]["rates"].startswith("Ollama has no /metrics")
-    assert not EngineSample.objects.filter(engine=engine, metric__in=[
-        EngineMetric.DECODE_TPS, EngineMetric.PREFILL_TPS, EngineMetric.REQUESTS_RUNNING]).exists()
+    assert not [s for s in engine_samples(engine) if s.metric in {
+        EngineMetric.DECODE_TPS, EngineMetric.PREFILL_TPS, EngineMetric.REQUESTS_RUNNING}]
 
     share = _ledger(node)[name]
     assert share["actual"] > 32 * MIB and share["kv_pool"] is None and share["weights"] is None
@@ -222,9 +223,9 @@ def test_faulty_endpoints_fail_the_read_and_commit_nothing(node, api, kind, resp
     assert engine.kind == kind and reason in engine.last_scrape_error
     assert "\n" not in engine.last_scrape_error
     assert engine.metrics == {} and engine.rates == {}
-    assert not EngineSample.objects.filter(engine=engine, metric__in=[
+    assert not [s for s in engine_samples(engine) if s.metric in {
         EngineMetric.REQUESTS_RUNNING, EngineMetric.DECODE_TPS, EngineMetric.KV_CACHE_USAGE,
-    ]).exists()
+    }]
     assert Event.objects.filter(engine=engine, kind="scrape-failed").count() == 1
 
 

@@ -17,7 +17,7 @@ from django.utils import timezone
 from collectors import docker_api
 from collectors.hostmemory import collect_host_memory, window_figures
 from collectors.ledger import update_ledger
-from collectors.models import Engine, EngineMetric, EngineSample, Event, LedgerChange
+from collectors.models import Engine, EngineMetric, Event, LedgerChange
 from collectors.procfs import Procfs
 from dashboard.alerting.models import Alert, RuleSetting
 from dashboard.alerting.settings import RULES
@@ -27,6 +27,7 @@ from tests.containers import budget_squeeze_margin_gib, podman, run_container, u
 from tests.cycles import CollectionCycle, collect_engines_until, ledger_shares
 from tests.scrape import faultserver
 from tests.scrape.faultserver import FaultServer
+from tests.stored import engine_samples
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 MIB = 1024**2
@@ -85,7 +86,7 @@ def test_sglang_server_end_to_end(node, api, admin_client, tmp_path):
     assert engine.memory_usage_bytes > 96 * MIB  # really reserved, seen by the cgroup
     assert engine.rates["prefill_tokens_per_s"] > 0 and engine.rates["decode_tokens_per_s"] > 0
     assert engine.metrics["snapshot"]["ttft"]["count"] > 0
-    assert EngineSample.objects.filter(engine=engine, metric=EngineMetric.DECODE_TPS).exists()
+    assert engine_samples(engine, EngineMetric.DECODE_TPS)
     assert "mem-fraction-unset" not in {f["code"] for f in engine.findings}  # --max-total-tokens
 
     share = _ledger(node)[name]
@@ -132,9 +133,8 @@ def test_trtllm_servers_with_and_without_prometheus(node, api, admin_client, tmp
     assert other.metrics["details"]["source"] == "/metrics"
     assert other.rates.get("decode_tokens_per_s") is None
     assert other.metrics["unknown"]["rates"].startswith("trtllm-serve runs without")
-    assert EngineSample.objects.filter(engine=other,
-                                       metric=EngineMetric.REQUESTS_RUNNING).exists()
-    assert not EngineSample.objects.filter(engine=other, metric=EngineMetric.DECODE_TPS).exists()
+    assert engine_samples(other, EngineMetric.REQUESTS_RUNNING)
+    assert not engine_samples(other, EngineMetric.DECODE_TPS)
     assert {"kv-fraction-of-free-memory", "metrics-disabled"} <= {
         f["code"] for f in other.findings}
 
@@ -173,9 +173,9 @@ def test_faulty_endpoints_fail_the_read_and_commit_nothing(node, api, kind, resp
     assert engine.kind == kind and reason in engine.last_scrape_error
     assert "\n" not in engine.last_scrape_error
     assert engine.metrics == {} and engine.rates == {}
-    assert not EngineSample.objects.filter(engine=engine, metric__in=[
+    assert not [s for s in engine_samples(engine) if s.metric in {
         EngineMetric.REQUESTS_RUNNING, EngineMetric.DECODE_TPS, EngineMetric.KV_CACHE_USAGE,
-    ]).exists()
+    }]
     assert Event.objects.filter(engine=engine, kind="scrape-failed").count() == 1
 
 

@@ -6,7 +6,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from collectors.models import Engine, EngineMetric, EngineSample, Event
+from collectors.models import Engine, EngineMetric, EngineReading, Event
+from collectors.readings import ENGINE, Sample
 
 GIB = 1024**3
 
@@ -77,9 +78,9 @@ def test_engine_page_shows_launch_config_startup_and_events(admin_client, engine
 
 def test_engine_series_json_has_rates_and_restart_markers(admin_client, engine):
     now = timezone.now()
-    EngineSample.objects.bulk_create([
-        EngineSample(engine=engine, metric=EngineMetric.DECODE_TPS,
-                     at=now - timedelta(seconds=5 * i), value=40.0 + i)
+    EngineReading.objects.bulk_create([
+        ENGINE.reading(engine, now - timedelta(seconds=5 * i), [
+            Sample(EngineMetric.DECODE_TPS, now - timedelta(seconds=5 * i), 40.0 + i)])
         for i in range(10)
     ])
     Event.objects.create(node=engine.node, engine=engine, at=now - timedelta(seconds=12),

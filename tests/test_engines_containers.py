@@ -12,10 +12,11 @@ from django.utils import timezone
 
 from collectors import docker_api
 from collectors.engines import collect_engines
-from collectors.models import Engine, EngineMetric, EngineSample, Event
+from collectors.models import Engine, EngineMetric, Event
 from sparkops.testing.ports import free_port
 from tests.conftest import PROJECT
 from tests.containers import podman, run_container, unique_name
+from tests.stored import engine_samples
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 MIB = 1024**2
@@ -136,10 +137,10 @@ def test_restart_resets_counters_without_a_negative_rate(node, api):
     after = engines[name]
     assert after.rates.get("restarted") in (True, None)  # first scrape after: no rate at all
     assert Event.objects.filter(engine=after, kind="engine-restarted").exists()
-    rates = EngineSample.objects.filter(
-        engine=after, metric__in=[EngineMetric.PREFILL_TPS, EngineMetric.DECODE_TPS])
-    assert rates.exists()
-    assert min(rates.values_list("value", flat=True)) >= 0
+    rates = [s.value for s in engine_samples(after)
+             if s.metric in {EngineMetric.PREFILL_TPS, EngineMetric.DECODE_TPS}]
+    assert rates
+    assert min(rates) >= 0
     engines = _collect_until(node, api, lambda found: bool(found[name].rates.get(
         "decode_tokens_per_s")))
     assert engines[name].rates["restarted"] is False
@@ -179,9 +180,8 @@ def test_unreachable_metrics_is_a_failed_scrape_with_nothing_committed(node, api
 
     assert "refused" in engine.last_scrape_error
     assert engine.metrics == {} and engine.rates == {}
-    assert not EngineSample.objects.filter(
-        engine=engine, metric__in=[EngineMetric.DECODE_TPS, EngineMetric.REQUESTS_RUNNING]
-    ).exists()
+    assert not [s for s in engine_samples(engine)
+                if s.metric in {EngineMetric.DECODE_TPS, EngineMetric.REQUESTS_RUNNING}]
     assert Event.objects.filter(engine=engine, kind="scrape-failed").count() == 1
 
 

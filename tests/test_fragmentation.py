@@ -19,12 +19,13 @@ from django.utils import timezone
 
 from collectors.fragmentation import read_free_blocks
 from collectors.hostmemory import collect_host_memory
-from collectors.models import Engine, Metric, Sample
+from collectors.models import Engine, Metric
 from collectors.procfs import Procfs
 from collectors.sampling import Clock
 from dashboard.alerting.rules.fragmentation import RULE, evaluate
 from dashboard.restarts.models import RestartWindow
 from dashboard.restarts.windows import build_recurrence
+from tests.stored import host_samples
 
 FIXTURES = Path(__file__).parent / "fixtures" / "fragmentation"
 MEMINFO_GB10 = Path(__file__).parent / "fixtures" / "procfs" / "meminfo-gb10"
@@ -45,7 +46,7 @@ def _collect(node, root: Path | None, clock: Clock | None = None):
     procfs = Procfs() if root is None else Procfs(root)
     collection, _ = collect_host_memory(node, procfs, duration=0.2, period=0.05, clock=clock)
     values = {s.metric: (s.value, s.note)
-              for s in Sample.objects.filter(node=node, at__gte=collection.window_started_at)}
+              for s in host_samples(node) if s.at >= collection.window_started_at}
     return collection, values
 
 

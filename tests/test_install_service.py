@@ -603,8 +603,8 @@ LATEST_SAMPLE = r"""
 import json, sqlite3, sys, datetime
 try:
     db = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True, timeout=5)
-    latest, count = db.execute("select max(s.at), count(*) from collectors_sample s join "
-                               "collectors_node n on n.id = s.node_id where n.name = ?",
+    latest, count = db.execute("select max(r.at), count(*) from collectors_hostreading r "
+                               "join collectors_node n on n.id = r.node_id where n.name = ?",
                                (sys.argv[2],)).fetchone()
 except sqlite3.Error:
     latest, count = None, 0

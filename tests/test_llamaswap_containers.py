@@ -20,7 +20,7 @@ from collectors import docker_api
 from collectors.engines import collect_engines
 from collectors.hostmemory import collect_host_memory, configured_budget, window_figures
 from collectors.ledger import update_ledger
-from collectors.models import Engine, EngineMetric, EngineSample
+from collectors.models import Engine, EngineMetric
 from collectors.procfs import Procfs
 from dashboard.alerting.models import Alert, RuleSetting
 from dashboard.alerting.pipeline import run_alerts
@@ -28,6 +28,7 @@ from dashboard.alerting.settings import RULES
 from sparkops.testing.ports import free_port
 from tests.conftest import PROJECT
 from tests.containers import budget_squeeze_margin_gib, podman, run_container, unique_name
+from tests.stored import engine_samples
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 MIB = 1024**2
@@ -133,7 +134,7 @@ def test_a_routers_models_are_adopted_and_a_ttl_unloads_one(node, api, tmp_path)
     # container's: the router is given only its own.
     assert engine.memory_usage_bytes > 60 * MIB
     assert cycle.engines[router].memory_usage_bytes < engine.memory_usage_bytes
-    assert EngineSample.objects.filter(engine=engine, metric=EngineMetric.DECODE_TPS).exists()
+    assert engine_samples(engine, EngineMetric.DECODE_TPS)
     assert cycle.engines[gemma].phase == "unloaded"
     shares = _shares(node)
     assert shares[qwen]["actual"] == engine.memory_usage_bytes

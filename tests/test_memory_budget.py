@@ -23,7 +23,7 @@ from django.urls import reverse
 from collectors.hostmemory import budget_figures, record_window, window_figures
 from collectors.ledger import budget_components, build_ledger, dip_figures, record_changes
 from collectors.meminfo import parse_meminfo
-from collectors.models import Engine, LedgerChange, Metric, Sample
+from collectors.models import Engine, LedgerChange, Metric
 from collectors.procfs import BudgetReading, Procfs, read_memory_budget
 from collectors.sampling import Clock, WindowReading, watch_host_memory
 from dashboard.alerting.rules import prefill_squeeze
@@ -38,6 +38,7 @@ from sparkops.demo.budget import (
 from sparkops.demo.node import Scale
 from sparkops.env import env_path_below
 from sparkops.units import GIB, MIB
+from tests.stored import host_samples
 
 T0 = datetime(2026, 11, 30, 14, 0, tzinfo=UTC)
 MEMINFO = Path(__file__).parent / "fixtures" / "procfs" / "meminfo-gb10"
@@ -150,7 +151,7 @@ def test_a_collection_keeps_the_budget_s_lowest_room_and_when_it_was_seen(node, 
 
     assert collection.ok and window.budget is not None
     assert window.budget.room - window.min_budget_room >= HELD - SLACK
-    rows = {row.metric: row for row in Sample.objects.filter(node=node)}
+    rows = {row.metric: row for row in host_samples(node)}
     assert rows[Metric.MEMORY_BUDGET_LIMIT].value == GIB
     assert rows[Metric.MEMORY_BUDGET_ROOM].value == window.budget.room
     lowest = rows[Metric.MEMORY_BUDGET_ROOM_MIN]
@@ -173,7 +174,7 @@ def test_an_unreadable_budget_is_unknown_with_its_reason_never_zero(node, tmp_pa
                            last=info, pressure=None, min_available=info.mem_available,
                            min_available_at=T0, budget=reading)
     record_window(node, window)
-    rows = {row.metric: row for row in Sample.objects.filter(node=node)}
+    rows = {row.metric: row for row in host_samples(node)}
     for metric in (Metric.MEMORY_BUDGET_LIMIT, Metric.MEMORY_BUDGET_ROOM,
                    Metric.MEMORY_BUDGET_ROOM_MIN):
         assert rows[metric].value is None and "does not exist" in rows[metric].note

@@ -10,7 +10,8 @@ from django.utils import timezone
 
 from collectors import docker_api
 from collectors.ledger import build_ledger, record_changes
-from collectors.models import Collection, Engine, Metric, Sample
+from collectors.models import Collection, Engine, Metric
+from collectors.readings import HOST, Sample
 from dashboard.alerting.models import Alert, AlertState
 from dashboard.ledger import ledger_bar
 
@@ -21,12 +22,12 @@ def _collect(node, swap_total: int, swap_free: int) -> None:
     at = timezone.now()
     Collection.objects.create(node=node, at=at, window_started_at=at - timedelta(seconds=4.75),
                               ok=True)
-    Sample.objects.bulk_create([
-        Sample(node=node, metric=Metric.MEM_AVAILABLE, at=at, value=30 * GIB),
-        Sample(node=node, metric=Metric.SWAP_TOTAL, at=at, value=swap_total),
-        Sample(node=node, metric=Metric.SWAP_FREE, at=at, value=swap_free),
-        Sample(node=node, metric=Metric.SWAP_USED, at=at, value=swap_total - swap_free),
-    ])
+    HOST.reading(node, at, [
+        Sample(Metric.MEM_AVAILABLE, at, 30 * GIB),
+        Sample(Metric.SWAP_TOTAL, at, swap_total),
+        Sample(Metric.SWAP_FREE, at, swap_free),
+        Sample(Metric.SWAP_USED, at, swap_total - swap_free),
+    ]).save()
 
 
 def test_swap_in_use_without_swap_says_no_swap_in_the_page_and_its_json(admin_client, node):

@@ -20,8 +20,9 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from collectors.models import Engine, Metric, Sample
+from collectors.models import Engine, HostReading, Metric
 from collectors.procfs import Procfs
+from collectors.readings import HOST, Sample
 from collectors.rescue import audit_node
 from tests.containers import podman, run_container, unique_name
 
@@ -41,9 +42,10 @@ def _audit(node, name: str | None, root: Path | None = None):
 
 def _page_cache(node, gib: float, hours: int = 24) -> None:
     now = timezone.now()
-    Sample.objects.bulk_create(
-        Sample(node=node, metric=Metric.PAGE_CACHE_RECLAIMABLE, at=now - timedelta(hours=h),
-               value=gib * GIB) for h in range(hours))
+    moments = [now - timedelta(hours=h) for h in range(hours)]
+    HostReading.objects.bulk_create(
+        HOST.reading(node, at, [Sample(Metric.PAGE_CACHE_RECLAIMABLE, at, gib * GIB)])
+        for at in moments)
 
 
 def _engine(node, name: str, container_id: str) -> Engine:

@@ -1,24 +1,27 @@
 from datetime import UTC, datetime, timedelta
 
-from collectors.models import Collection, Metric, Rollup, Sample
+from collectors.models import Collection, HostReading, Metric, Rollup
+from collectors.readings import HOST, Sample
 from collectors.retention import prune_node, rollup_node
+from tests.stored import engine_sample, engine_samples, host_sample, host_samples
 
 T0 = datetime(2026, 11, 1, 12, 0, 0, tzinfo=UTC)
 
 
 def _sample(node, at, value, metric=Metric.MEM_AVAILABLE):
-    return Sample(node=node, metric=metric, at=at, value=value)
+    """An unsaved reading of ``node`` at ``at`` holding one figure."""
+    return HOST.reading(node, at, [Sample(metric, at, value)])
 
 
 def test_rollup_makes_min_mean_max_per_minute_and_skips_unknowns(node):
-    Sample.objects.bulk_create([
+    HostReading.objects.bulk_create([
         _sample(node, T0 + timedelta(seconds=5), 10.0),
         _sample(node, T0 + timedelta(seconds=10), 4.0),
         _sample(node, T0 + timedelta(seconds=15), None),  # unknown: not averaged as 0
         _sample(node, T0 + timedelta(seconds=20), 7.0),
         _sample(node, T0 + timedelta(minutes=1, seconds=1), 3.0),
-        _sample(node, T0 + timedelta(seconds=5), 1.5, Metric.SWAP_USED),
     ])
+    host_sample(node, Metric.SWAP_USED, T0 + timedelta(seconds=5), 1.5)  # same collection
 
     written = rollup_node(node, now=T0 + timedelta(minutes=5))
 
@@ -33,8 +36,7 @@ def test_rollup_makes_min_mean_max_per_minute_and_skips_unknowns(node):
 
 
 def test_rollup_waits_for_the_grace_period_and_is_idempotent(node):
-    Sample.objects.create(node=node, metric=Metric.MEM_AVAILABLE, at=T0 + timedelta(seconds=50),
-                          value=5.0)
+    host_sample(node, Metric.MEM_AVAILABLE, T0 + timedelta(seconds=50), 5.0)
 
     assert rollup_node(node, now=T0 + timedelta(seconds=70)) == 0  # minute closed 10 s ago
     assert rollup_node(node, now=T0 + timedelta(seconds=95)) == 1
@@ -46,7 +48,7 @@ def test_rollup_waits_for_the_grace_period_and_is_idempotent(node):
 
 def test_prune_keeps_raw_for_its_retention_and_rollups_longer(node):
     now = T0 + timedelta(days=100)
-    Sample.objects.bulk_create([
+    HostReading.objects.bulk_create([
         _sample(node, now - timedelta(days=8), 1.0),
         _sample(node, now - timedelta(days=6), 2.0),
     ])
@@ -63,7 +65,7 @@ def test_prune_keeps_raw_for_its_retention_and_rollups_longer(node):
     result = prune_node(node, now, raw_days=7, rollup_days=90)
 
     assert (result.samples, result.collections, result.rollups) == (1, 1, 3)
-    assert list(Sample.objects.values_list("value", flat=True)) == [2.0]
+    assert [s.value for s in host_samples()] == [2.0]
     # Minute buckets for 2 days, ten-minute buckets for 35, hourly ones as long as history.
     kept = {(r.resolution, round((now - r.start) / timedelta(days=1)))
             for r in Rollup.objects.all()}
@@ -72,8 +74,7 @@ def test_prune_keeps_raw_for_its_retention_and_rollups_longer(node):
 
 def test_prune_never_drops_raw_samples_that_are_not_rolled_up(node):
     now = T0 + timedelta(days=30)
-    Sample.objects.create(node=node, metric=Metric.MEM_AVAILABLE, at=now - timedelta(days=10),
-                          value=1.0)
+    host_sample(node, Metric.MEM_AVAILABLE, now - timedelta(days=10), 1.0)
     node.rolled_up_until = now - timedelta(days=12)  # roll-up fell behind (beat was stopped)
     node.save()
 
@@ -83,17 +84,13 @@ def test_prune_never_drops_raw_samples_that_are_not_rolled_up(node):
 
 
 def test_prune_removes_old_engine_samples_events_and_ledger_changes(node):
-    from collectors.models import Engine, EngineMetric, EngineSample, Event, LedgerChange
+    from collectors.models import Engine, EngineMetric, Event, LedgerChange
 
     now = T0 + timedelta(days=100)
     engine = Engine.objects.create(node=node, name="gemma", container_id="c" * 64,
                                    container_state="running")
-    EngineSample.objects.bulk_create([
-        EngineSample(engine=engine, metric=EngineMetric.DECODE_TPS, at=now - timedelta(days=8),
-                     value=1.0),
-        EngineSample(engine=engine, metric=EngineMetric.DECODE_TPS, at=now - timedelta(days=1),
-                     value=2.0),
-    ])
+    engine_sample(engine, EngineMetric.DECODE_TPS, now - timedelta(days=8), 1.0)
+    engine_sample(engine, EngineMetric.DECODE_TPS, now - timedelta(days=1), 2.0)
     Event.objects.create(node=node, at=now - timedelta(days=91), kind="k", message="old")
     Event.objects.create(node=node, at=now - timedelta(days=89), kind="k", message="kept")
     LedgerChange.objects.create(node=node, component="page_cache", label="page cache",
@@ -103,21 +100,18 @@ def test_prune_removes_old_engine_samples_events_and_ledger_changes(node):
 
     prune_node(node, now, raw_days=7, rollup_days=90)
 
-    assert list(EngineSample.objects.values_list("value", flat=True)) == [2.0]
+    assert [s.value for s in engine_samples()] == [2.0]
     assert list(Event.objects.values_list("message", flat=True)) == ["kept"]
     assert not LedgerChange.objects.exists()
 
 
 def test_engine_samples_roll_up_like_host_samples(node):
-    from collectors.models import Engine, EngineMetric, EngineRollup, EngineSample
+    from collectors.models import Engine, EngineMetric, EngineRollup
 
     engine = Engine.objects.create(node=node, name="gemma", container_id="c" * 64,
                                    container_state="running")
-    EngineSample.objects.bulk_create([
-        EngineSample(engine=engine, metric=EngineMetric.DECODE_TPS, at=T0 + timedelta(seconds=s),
-                     value=v)
-        for s, v in [(5, 30.0), (10, None), (15, 10.0), (20, 20.0)]
-    ])
+    for s, v in [(5, 30.0), (10, None), (15, 10.0), (20, 20.0)]:
+        engine_sample(engine, EngineMetric.DECODE_TPS, T0 + timedelta(seconds=s), v)
 
     rollup_node(node, now=T0 + timedelta(minutes=5))
 
@@ -128,7 +122,7 @@ def test_engine_samples_roll_up_like_host_samples(node):
 def test_coarser_tiers_keep_the_dip_and_weigh_the_mean_by_samples(node):
     """A ten-minute bucket is made from its minutes once the last one is rolled up: the lowest
     minimum survives, and the mean counts every sample once."""
-    Sample.objects.bulk_create(
+    HostReading.objects.bulk_create(
         [_sample(node, T0 + timedelta(seconds=5 * i), 10.0) for i in range(1, 12)]  # minute 0
         + [_sample(node, T0 + timedelta(minutes=4, seconds=30), 1.0)]  # a lone dip in minute 4
     )
@@ -145,11 +139,9 @@ def test_coarser_tiers_keep_the_dip_and_weigh_the_mean_by_samples(node):
 def test_coarse_buckets_are_completed_across_a_pause_in_collection(node):
     """Samples stop mid-hour and resume hours later: the buckets that ended in the pause are
     still made from the minutes before it."""
-    Sample.objects.create(node=node, metric=Metric.MEM_AVAILABLE, at=T0 + timedelta(minutes=3),
-                          value=5.0)
+    host_sample(node, Metric.MEM_AVAILABLE, T0 + timedelta(minutes=3), 5.0)
     rollup_node(node, now=T0 + timedelta(minutes=5))
-    Sample.objects.create(node=node, metric=Metric.MEM_AVAILABLE, at=T0 + timedelta(hours=5),
-                          value=7.0)
+    host_sample(node, Metric.MEM_AVAILABLE, T0 + timedelta(hours=5), 7.0)
 
     rollup_node(node, now=T0 + timedelta(hours=5, minutes=2))
 
@@ -162,8 +154,7 @@ def test_two_runs_racing_on_one_node_write_each_bucket_once(node):
     of the watermark fails, and it writes nothing."""
     from collectors.models import Node
 
-    Sample.objects.create(node=node, metric=Metric.MEM_AVAILABLE, at=T0 + timedelta(seconds=5),
-                          value=5.0)
+    host_sample(node, Metric.MEM_AVAILABLE, T0 + timedelta(seconds=5), 5.0)
     first, second = Node.objects.get(pk=node.pk), Node.objects.get(pk=node.pk)
 
     assert rollup_node(first, now=T0 + timedelta(hours=2)) > 0

@@ -14,7 +14,8 @@ from django.utils import timezone
 from collectors.docker_api import EngineContainer
 from collectors.engines import refreshed_model_config
 from collectors.modelconfig import read_container_model_config
-from collectors.models import Engine, EngineMetric, EngineSample, Metric, Sample
+from collectors.models import Engine, EngineMetric, EngineReading, Metric
+from collectors.readings import ENGINE, Sample
 from dashboard.restarts.models import Restart
 from dashboard.roofline.figure import NOT_MEASURED, engine_roofline
 from dashboard.roofline.measure import single_stream_decode
@@ -27,6 +28,7 @@ from dashboard.roofline.params import (
     params_from_name,
     parse_param_count,
 )
+from tests.stored import host_sample
 
 NEMOTRON = "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4"
 GEMMA = "google/gemma-4-26B-A4B-it-NVFP4"
@@ -54,10 +56,9 @@ def _collections(engine: Engine, now: datetime, running: list[int], decode: list
     rows = []
     for i, (count, rate) in enumerate(zip(running, decode, strict=True)):
         at = now - timedelta(seconds=INTERVAL * (len(running) - i))
-        rows += [EngineSample(engine=engine, metric=EngineMetric.REQUESTS_RUNNING, at=at,
-                              value=count),
-                 EngineSample(engine=engine, metric=EngineMetric.DECODE_TPS, at=at, value=rate)]
-    EngineSample.objects.bulk_create(rows)
+        rows.append(ENGINE.reading(engine, at, [Sample(EngineMetric.REQUESTS_RUNNING, at, count),
+                                                Sample(EngineMetric.DECODE_TPS, at, rate)]))
+    EngineReading.objects.bulk_create(rows)
 
 
 def _roofline(engine: Engine, config: dict | None = None) -> dict:
@@ -219,8 +220,7 @@ def test_a_low_ratio_is_explained_by_kernel_eager_mode_pressure_and_a_neighbour(
     now = timezone.now()
     _collections(engine, now, running=[1, 1, 1], decode=[12.0, 11.0, 12.5])
     _collections(neighbour, now, running=[4, 4, 4], decode=[142.0, 140.0, 141.0])
-    Sample.objects.create(node=node, metric=Metric.PSI_SOME_AVG10,
-                          at=now - timedelta(seconds=7), value=18.0)
+    host_sample(node, Metric.PSI_SOME_AVG10, now - timedelta(seconds=7), 18.0)
 
     roofline = _roofline(engine)
 

@@ -8,11 +8,9 @@ from collectors.ledger import build_ledger, record_changes
 from collectors.models import (
     Engine,
     EngineMetric,
-    EngineSample,
     EngineStart,
     Event,
     Metric,
-    Sample,
 )
 from dashboard.alerting.models import Alert
 from dashboard.alerting.pipeline import run_alerts
@@ -31,6 +29,7 @@ from dashboard.notify.models import Channel, Notification
 from dashboard.restarts.fit import MemoryReturn
 from dashboard.restarts.models import Restart
 from sparkops.units import GIB
+from tests.stored import engine_sample, host_sample
 
 T0 = datetime(2026, 11, 30, 14, 0, tzinfo=UTC)
 
@@ -101,8 +100,7 @@ def test_headroom_floor_scales_on_small_machines_and_counts_growing_swap(node):
     assert low.threshold == pytest.approx(24 * 0.065)  # not 8 GiB on a 24 GiB machine
     assert low.crosses_threshold()
 
-    Sample.objects.create(node=node, metric=Metric.SWAP_USED, at=T0 - timedelta(seconds=60),
-                          value=0)
+    host_sample(node, Metric.SWAP_USED, T0 - timedelta(seconds=60), 0)
     swapping = {"mem_total": int(121.69 * GIB), "mem_available": 40 * GIB,
                 "swap_used": 512 * 1024**2}
     cond = headroom_floor.evaluate(node, swapping, [], _thresholds("headroom-floor"), T0)[0]
@@ -111,11 +109,8 @@ def test_headroom_floor_scales_on_small_machines_and_counts_growing_swap(node):
 
 def test_queue_backlog_measures_how_long_requests_have_waited(node):
     engine = _engine(node, "gemma", 8.0, config={"max_num_seqs": 16})
-    EngineSample.objects.bulk_create([
-        EngineSample(engine=engine, metric=EngineMetric.REQUESTS_WAITING,
-                     at=T0 - timedelta(seconds=s), value=v)
-        for s, v in [(0, 4), (5, 4), (10, 3), (15, 2), (20, 1), (25, 0), (30, 0)]
-    ])
+    for s, v in [(0, 4), (5, 4), (10, 3), (15, 2), (20, 1), (25, 0), (30, 0)]:
+        engine_sample(engine, EngineMetric.REQUESTS_WAITING, T0 - timedelta(seconds=s), v)
 
     cond = queue_backlog.evaluate(node, {}, [engine], _thresholds("queue-backlog"), T0)[0]
 
@@ -125,12 +120,10 @@ def test_queue_backlog_measures_how_long_requests_have_waited(node):
 def test_prefill_stall_compares_decode_with_its_recent_rate(node):
     engine = _engine(node, "gemma", 8.0, rates={"prefill_tokens_per_s": 1800.0,
                                                 "decode_tokens_per_s": 1.0})
-    EngineSample.objects.bulk_create(
-        [EngineSample(engine=engine, metric=EngineMetric.DECODE_TPS,
-                      at=T0 - timedelta(seconds=60 + 5 * i), value=16.0) for i in range(10)]
-        + [EngineSample(engine=engine, metric=EngineMetric.DECODE_TPS,
-                        at=T0 - timedelta(seconds=s), value=1.0) for s in (0, 5)]
-    )
+    for i in range(10):
+        engine_sample(engine, EngineMetric.DECODE_TPS, T0 - timedelta(seconds=60 + 5 * i), 16.0)
+    for s in (0, 5):
+        engine_sample(engine, EngineMetric.DECODE_TPS, T0 - timedelta(seconds=s), 1.0)
 
     cond = prefill_stall.evaluate(node, {}, [engine], _thresholds("prefill-stall"), T0)[0]
 
@@ -242,13 +235,12 @@ def test_a_prefill_stall_that_ends_is_an_event_with_its_duration(node):
     node.ledger = {"mem_total": int(121.69 * GIB), "mem_available": 40 * GIB, "engines": []}
     node.save()
     for i in range(10):
-        EngineSample.objects.create(engine=engine, metric=EngineMetric.DECODE_TPS,
-                                    at=T0 - timedelta(minutes=5, seconds=5 * i), value=16.0)
-    EngineSample.objects.create(engine=engine, metric=EngineMetric.DECODE_TPS, at=T0, value=0.5)
+        engine_sample(engine, EngineMetric.DECODE_TPS, T0 - timedelta(minutes=5, seconds=5 * i),
+                      16.0)
+    engine_sample(engine, EngineMetric.DECODE_TPS, T0, 0.5)
 
     run_alerts(node, T0)
-    EngineSample.objects.create(engine=engine, metric=EngineMetric.DECODE_TPS,
-                                at=T0 + timedelta(seconds=83), value=16.0)
+    engine_sample(engine, EngineMetric.DECODE_TPS, T0 + timedelta(seconds=83), 16.0)
     run_alerts(node, T0 + timedelta(seconds=83))
 
     alert = Alert.objects.get(rule="prefill-stall")

@@ -6,9 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from collectors.models import Metric, Rollup, Sample
+from collectors.models import Metric, Rollup
 from dashboard.downsample import epoch_ms, from_epoch_ms
 from dashboard.series import host_points, resolution_for, source_label
+from tests.stored import host_sample
 
 NOW = datetime(2026, 11, 20, 12, 0, 7, tzinfo=UTC)
 
@@ -46,12 +47,10 @@ def test_an_hourly_chart_ends_with_minutes_and_raw_samples_not_an_hour_early(nod
         _rollup(node, 60, datetime(2026, 11, 20, 11, 0, tzinfo=UTC), 20.0),
         _rollup(node, 600, datetime(2026, 11, 20, 11, 0, tzinfo=UTC), 50.0),  # not the chosen tier
     ])
-    Sample.objects.bulk_create([
-        Sample(node=node, metric=Metric.MEM_AVAILABLE, at=NOW - timedelta(seconds=30), value=5.0),
-        Sample(node=node, metric=Metric.MEM_AVAILABLE, at=NOW - timedelta(seconds=3), value=6.0),
-        # Rolled up already (before the watermark): read from the minute tier, not twice.
-        Sample(node=node, metric=Metric.MEM_AVAILABLE, at=NOW - timedelta(minutes=5), value=1.0),
-    ])
+    host_sample(node, Metric.MEM_AVAILABLE, NOW - timedelta(seconds=30), 5.0)
+    host_sample(node, Metric.MEM_AVAILABLE, NOW - timedelta(seconds=3), 6.0)
+    # Rolled up already (before the watermark): read from the minute tier, not twice.
+    host_sample(node, Metric.MEM_AVAILABLE, NOW - timedelta(minutes=5), 1.0)
 
     points = host_points(node, [Metric.MEM_AVAILABLE], NOW - timedelta(days=30),
                          3600)[Metric.MEM_AVAILABLE]
@@ -61,8 +60,7 @@ def test_an_hourly_chart_ends_with_minutes_and_raw_samples_not_an_hour_early(nod
 
 
 def test_before_the_first_roll_up_a_long_chart_reads_raw_samples(node):
-    Sample.objects.create(node=node, metric=Metric.MEM_AVAILABLE, at=NOW - timedelta(hours=2),
-                          value=4.0)
+    host_sample(node, Metric.MEM_AVAILABLE, NOW - timedelta(hours=2), 4.0)
 
     points = host_points(node, [Metric.MEM_AVAILABLE], NOW - timedelta(days=7),
                          600)[Metric.MEM_AVAILABLE]
@@ -92,8 +90,8 @@ def test_times_leave_the_database_as_the_epoch_milliseconds_python_computes(node
     failed collection, the end of the range): the two kinds of instants meet on one axis."""
     moments = [NOW - timedelta(minutes=1, microseconds=us)
                for us in (0, 1, 499, 500, 501, 123_456, 999_499, 999_500, 999_999)]
-    Sample.objects.bulk_create(Sample(node=node, metric=Metric.MEM_AVAILABLE, at=at, value=1.0)
-                               for at in moments)
+    for at in moments:
+        host_sample(node, Metric.MEM_AVAILABLE, at, 1.0)
 
     points = host_points(node, [Metric.MEM_AVAILABLE], NOW - timedelta(hours=1),
                          0)[Metric.MEM_AVAILABLE]

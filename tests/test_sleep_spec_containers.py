@@ -23,11 +23,12 @@ from collectors import docker_api
 from collectors.enginecard import engine_card
 from collectors.engines import collect_engines
 from collectors.ledger import engine_share
-from collectors.models import EngineMetric, EngineSample, Event
+from collectors.models import EngineMetric, Event
 from collectors.vllm.sleep import WEIGHTS_OFFLOADED
 from sparkops.testing.ports import free_port
 from tests.conftest import PROJECT
 from tests.containers import run_container, unique_name
+from tests.stored import engine_samples
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 MIB, GIB = 1024**2, 1024**3
@@ -118,7 +119,7 @@ def test_a_speculative_engine_is_read_at_the_acceptance_it_runs_at(node, api):
     assert engine.rates["spec_decode_acceptance_rate"] == pytest.approx(0.743, abs=0.03)
     assert engine.rates["spec_decode_mean_acceptance_length"] == pytest.approx(
         1 + 4 * 0.743, abs=0.15)
-    stored = set(EngineSample.objects.filter(engine=engine).values_list("metric", flat=True))
+    stored = {s.metric for s in engine_samples(engine)}
     assert {EngineMetric.SPEC_ACCEPTANCE, EngineMetric.SPEC_TOKENS_PER_STEP} <= stored
     summary = engine_card(engine)["spec_decode"]
     assert summary["method"] == "eagle" and summary["num_speculative_tokens"] == 4

@@ -12,18 +12,20 @@ from collectors.models import (
     Collection,
     Engine,
     EngineMetric,
-    EngineSample,
+    EngineReading,
     Event,
+    HostReading,
     LedgerChange,
     Metric,
     Rollup,
-    Sample,
 )
+from collectors.readings import ENGINE, HOST, Sample
 from collectors.retention import floor_to
 from dashboard.alerting.models import Alert
 from dashboard.downsample import epoch_ms as ms
 from dashboard.restarts.models import Restart
 from dashboard.timeline import timeline
+from tests.stored import engine_sample, host_sample
 
 GIB = 1024**3
 
@@ -49,15 +51,15 @@ def _pairs(series: dict) -> list[tuple[int, float | None]]:
 def _collected(node, first: datetime, last: datetime, every: int = 10) -> None:
     """Host samples every ``every`` seconds from ``first`` to ``last``: SparkOps collecting."""
     count = int((last - first).total_seconds()) // every
-    Sample.objects.bulk_create([
-        Sample(node=node, metric=Metric.MEM_AVAILABLE, at=first + timedelta(seconds=every * i),
-               value=30 * GIB) for i in range(count + 1)])
+    moments = [first + timedelta(seconds=every * i) for i in range(count + 1)]
+    HostReading.objects.bulk_create([
+        HOST.reading(node, at, [Sample(Metric.MEM_AVAILABLE, at, 30 * GIB)]) for at in moments])
 
 
 def test_panels_share_one_range_and_host_series_are_in_gib_with_gaps(node, now):
     for i in range(10):
         at = now - timedelta(seconds=5 * (10 - i))
-        Sample.objects.create(node=node, metric=Metric.MEM_AVAILABLE, at=at, value=30 * GIB)
+        host_sample(node, Metric.MEM_AVAILABLE, at, 30 * GIB)
     Collection.objects.create(node=node, at=now - timedelta(seconds=2), ok=False,
                               window_started_at=now - timedelta(seconds=7),
                               error="/proc/meminfo is not readable")
@@ -83,9 +85,9 @@ def test_swap_in_use_is_no_line_while_the_machine_has_no_swap(node, now):
         at = now - timedelta(seconds=10 * (10 - i))
         total = 0 if i < 5 else 8 * GIB
         used = 0 if i < 5 else GIB
-        rows += [Sample(node=node, metric=Metric.SWAP_TOTAL, at=at, value=total),
-                 Sample(node=node, metric=Metric.SWAP_USED, at=at, value=used)]
-    Sample.objects.bulk_create(rows)
+        rows.append(HOST.reading(node, at, [Sample(Metric.SWAP_TOTAL, at, total),
+                                            Sample(Metric.SWAP_USED, at, used)]))
+    HostReading.objects.bulk_create(rows)
 
     data = timeline(node, "1h", now, max_points=500, interval=10)
 
@@ -95,14 +97,16 @@ def test_swap_in_use_is_no_line_while_the_machine_has_no_swap(node, now):
 
 
 def test_every_series_stays_within_max_points_and_keeps_the_dip(node, now):
-    rows = [Sample(node=node, metric=Metric.MEM_AVAILABLE_MIN, at=now - timedelta(seconds=2 * i),
-                   value=(4 if i == 777 else 40) * GIB) for i in range(1700)]
-    Sample.objects.bulk_create(rows)
+    moments = [now - timedelta(seconds=2 * i) for i in range(1700)]
+    rows = [HOST.reading(node, at, [Sample(Metric.MEM_AVAILABLE_MIN, at,
+                                           (4 if i == 777 else 40) * GIB)])
+            for i, at in enumerate(moments)]
+    HostReading.objects.bulk_create(rows)
     engine = _engine(node, "gemma")
-    EngineSample.objects.bulk_create([
-        EngineSample(engine=engine, metric=EngineMetric.DECODE_TPS,
-                     at=now - timedelta(seconds=2 * i), value=0.0 if i == 500 else 41.1)
-        for i in range(1700)
+    EngineReading.objects.bulk_create([
+        ENGINE.reading(engine, at, [Sample(EngineMetric.DECODE_TPS, at,
+                                           0.0 if i == 500 else 41.1)])
+        for i, at in enumerate(moments)
     ])
 
     data = timeline(node, "1h", now, 300, 5.0)
@@ -209,13 +213,11 @@ def test_a_step_line_starts_at_the_first_collection_and_breaks_across_a_gap(node
 def test_engine_holdings_prefer_nvml_and_rates_are_per_engine(node, now):
     gemma = _engine(node, "gemma")
     at = now - timedelta(seconds=30)
-    EngineSample.objects.bulk_create([
-        EngineSample(engine=gemma, metric=EngineMetric.GPU_MEMORY, at=at, value=40 * GIB),
-        EngineSample(engine=gemma, metric=EngineMetric.CONTAINER_MEMORY, at=at, value=2 * GIB),
-        EngineSample(engine=gemma, metric=EngineMetric.KV_CACHE_USAGE, at=at, value=0.25),
-        EngineSample(engine=gemma, metric=EngineMetric.PREFILL_TPS, at=at, value=2383.0),
-        EngineSample(engine=gemma, metric=EngineMetric.DECODE_TPS, at=at, value=None),
-    ])
+    engine_sample(gemma, EngineMetric.GPU_MEMORY, at, 40 * GIB)
+    engine_sample(gemma, EngineMetric.CONTAINER_MEMORY, at, 2 * GIB)
+    engine_sample(gemma, EngineMetric.KV_CACHE_USAGE, at, 0.25)
+    engine_sample(gemma, EngineMetric.PREFILL_TPS, at, 2383.0)
+    engine_sample(gemma, EngineMetric.DECODE_TPS, at, None)
 
     data = timeline(node, "1h", now, 2000, 5.0)
 
@@ -278,8 +280,7 @@ def test_long_ranges_read_the_ten_minute_tier_then_finer_rows_up_to_now(node, no
     EngineRollup.objects.create(engine=gemma, metric=EngineMetric.DECODE_TPS, resolution=60,
                                 start=bucket + timedelta(minutes=10), min=7.0, max=7.0,
                                 mean=7.0, count=12)
-    EngineSample.objects.create(engine=gemma, metric=EngineMetric.DECODE_TPS,
-                                at=bucket + timedelta(minutes=11, seconds=5), value=8.0)
+    engine_sample(gemma, EngineMetric.DECODE_TPS, bucket + timedelta(minutes=11, seconds=5), 8.0)
     node.rolled_up_until = bucket + timedelta(minutes=11)
     node.save()
 

@@ -5,7 +5,8 @@ The upgrade, done as an admin does it, with real processes: stop (``status`` say
 ``bin/sparkops backup``, take the new release (this tree), ``manage.py migrate``, ``bin/sparkops
 start`` (serves ``/healthz``; ``/readyz`` says the old collection is stale; ``status`` names the
 running processes; ``restore`` is refused while they run), stop. Then every row of every table
-of 0.1.0 is compared, table by table and row by row, in the columns 0.1.0 had. Restoring the
+of 0.1.0 is compared, table by table and row by row, in the columns 0.1.0 had (its raw samples,
+a row per figure then, with the figures of the readings that hold them now). Restoring the
 pre-upgrade backup brings the same rows back (and migrates them: the backup is older), and a
 backup of the upgraded database restores to exactly the same data.
 
@@ -35,6 +36,7 @@ import psycopg
 import pytest
 import requests
 
+from collectors.readings import ENGINE, HOST
 from sparkops.testing.ports import free_port, wait_for_port
 from sparkops.version import VERSION
 from tests.conftest import PROJECT, subprocess_env
@@ -83,6 +85,31 @@ def postgres_snapshot(url: str) -> Snapshot:
     return snapshot
 
 
+# Raw samples that 0.1.0 kept a row per figure and this release keeps a reading (a row) per
+# collection, a column per metric (collectors.readings): their rows are compared with the figures
+# the readings hold, a row per figure again, in the columns 0.1.0 had but the row id.
+UNFOLDED = {"collectors_sample": ("collectors_hostreading", "node_id", HOST),
+            "collectors_enginesample": ("collectors_enginereading", "engine_id", ENGINE)}
+
+
+def unfolded(snapshot: Snapshot, table: str) -> tuple[list[str], Counter] | None:
+    """The figures of the readings that hold what 0.1.0's ``table`` held, as its rows."""
+    source, owner, layout = UNFOLDED[table]
+    if source not in snapshot:
+        return None
+    columns, rows = snapshot[source]
+    figures: Counter = Counter()
+    for row, count in rows.items():
+        reading = dict(zip(columns, row, strict=True))
+        notes = json.loads(reading["notes"])
+        for metric in layout.metrics:
+            value, note = reading[layout.column(metric)], notes.get(str(int(metric)))
+            if value is not None or note is not None:
+                at = reading[layout.time(metric)] or reading["at"]
+                figures[(reading[owner], int(metric), at, value, note or "")] += count
+    return [owner, "metric", "at", "value", "note"], figures
+
+
 # What the node's own worker reads from the machine and writes again when it starts (it
 # registers its node, collectors.registration): these move on purpose, the rest must not.
 REREAD_AT_START = {"collectors_node": {"hostname", "mem_total_bytes"}}
@@ -104,13 +131,16 @@ def lost_rows(before: Snapshot, after: Snapshot) -> list[str]:
     lost = []
     for table, (all_columns, all_rows) in sorted(before.items()):
         reread = REREAD_AT_START.get(table, set())
+        if table in UNFOLDED:
+            reread = reread | {"id"}
         kept = [i for i, column in enumerate(all_columns) if column not in reread]
         columns = [all_columns[i] for i in kept]
         rows = _projection(all_rows, kept)
-        if table not in after:
+        now = after.get(table) or (unfolded(after, table) if table in UNFOLDED else None)
+        if now is None:
             lost.append(f"{table}: the table is gone ({sum(rows.values())} rows)")
             continue
-        now_columns, now_rows = after[table]
+        now_columns, now_rows = now
         missing = [column for column in columns if column not in now_columns]
         if missing:
             lost.append(f"{table}: columns gone: {missing}")
@@ -151,6 +181,30 @@ def test_the_comparison_finds_a_changed_value_a_lost_row_and_a_lost_column():
         "t: columns gone: ['v']"]
     assert lost_rows(before, {}) == ["t: the table is gone (2 rows)"]
 
+
+
+def test_raw_samples_are_compared_with_the_figures_their_readings_hold():
+    before = {"collectors_sample": (["id", "node_id", "metric", "at", "value", "note"], Counter({
+        (7, 1, 3, "t1", 5.0, ""): 1, (8, 1, 15, "t1", None, "no PSI"): 1,
+        (9, 1, 4, "t0", 4.0, ""): 1}))}
+    columns = ["id", "node_id", "at", "notes", *(HOST.column(m) for m in HOST.metrics),
+               *HOST.timed.values()]
+
+    def reading(notes: str, **figures) -> Snapshot:
+        row = {column: None for column in columns} | {"id": 1, "node_id": 1, "at": "t1",
+                                                      "notes": notes} | figures
+        return {"collectors_hostreading": (columns, Counter({tuple(row.values()): 1}))}
+
+    whole = reading('{"15": "no PSI"}', mem_available=5.0, mem_available_min=4.0,
+                    mem_available_min_at="t0")
+    assert lost_rows(before, whole) == []
+    assert lost_rows(before, reading('{"15": "no PSI"}', mem_available=5.0,
+                                     mem_available_min=4.0)) == [
+        "collectors_sample: {'node_id': 1, 'metric': 4, 'at': 't0', 'value': 4.0, 'note': ''}"]
+    assert lost_rows(before, reading("{}", mem_available=5.0, mem_available_min=4.0,
+                                     mem_available_min_at="t0")) == [
+        "collectors_sample: {'node_id': 1, 'metric': 15, 'at': 't1', 'value': None, "
+        "'note': 'no PSI'}"]
 
 # --- the admin's commands -------------------------------------------------------------------------
 

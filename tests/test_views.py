@@ -5,7 +5,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from collectors.models import Collection, Metric, Node, Sample
+from collectors.models import Collection, HostReading, Metric, Node
+from collectors.readings import HOST, Sample
 
 GIB = 1024**3
 
@@ -15,13 +16,12 @@ def _collect(node, at, available, free=None, ok=True, error=""):
                               ok=ok, error=error)
     if not ok:
         return
-    Sample.objects.bulk_create([
-        Sample(node=node, metric=Metric.MEM_AVAILABLE, at=at, value=available),
-        Sample(node=node, metric=Metric.MEM_AVAILABLE_MIN, at=at - timedelta(seconds=2),
-               value=available - GIB),
-        Sample(node=node, metric=Metric.MEM_FREE, at=at, value=free,
+    HOST.reading(node, at, [
+        Sample(Metric.MEM_AVAILABLE, at, available),
+        Sample(Metric.MEM_AVAILABLE_MIN, at - timedelta(seconds=2), available - GIB),
+        Sample(Metric.MEM_FREE, at, free,
                note="" if free is not None else "unreadable value 'n/a'"),
-    ])
+    ]).save()
 
 
 @pytest.mark.parametrize("path", [
@@ -102,11 +102,12 @@ def test_timeline_json_downsamples_and_keeps_the_dip(admin_client, node, setting
     settings.SPARKOPS_MAX_CHART_POINTS = 600
     now = timezone.now()
     rows = [
-        Sample(node=node, metric=Metric.MEM_AVAILABLE, at=now - timedelta(seconds=5 * i),
-               value=(3 if i == 321 else 40) * GIB)
+        HOST.reading(node, now - timedelta(seconds=5 * i), [
+            Sample(Metric.MEM_AVAILABLE, now - timedelta(seconds=5 * i),
+                   (3 if i == 321 else 40) * GIB)])
         for i in range(700)
     ]
-    Sample.objects.bulk_create(rows)
+    HostReading.objects.bulk_create(rows)
 
     data = admin_client.get("/api/nodes/spark-a/timeline.json?range=1h").json()
 

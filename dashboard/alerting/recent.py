@@ -15,7 +15,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from collectors.models import Engine, EngineSample
+from collectors.models import Engine
+from collectors.readings import ENGINE
 
 Rows = list[tuple[datetime, float | None]]
 
@@ -62,8 +63,8 @@ def engine_samples(engine: Engine, metric: str, since: datetime) -> Rows:
 def _read(engine_ids: frozenset[int], metric: str, since: datetime) -> dict[int, Rows]:
     """One query: the engines' samples of ``metric`` since ``since``, per engine, by time."""
     rows: dict[int, Rows] = {}
-    for engine_id, at, value in EngineSample.objects.filter(
-            engine_id__in=engine_ids, metric=metric, at__gte=since,
-    ).order_by("engine_id", "at", "id").values_list("engine_id", "at", "value"):
+    for engine_id, at, value in ENGINE.holding(metric).filter(
+            engine_id__in=engine_ids, at__gte=since,
+    ).order_by("engine_id", "at").values_list("engine_id", "at", "value"):
         rows.setdefault(engine_id, []).append((at, value))
     return rows

@@ -28,8 +28,10 @@ from typing import Any
 
 from django.conf import settings
 
+from collectors import readings
 from collectors.ledger import engine_share
-from collectors.models import Engine, EngineMetric, EngineSample, Event, Metric, Node, Sample
+from collectors.models import Engine, EngineMetric, EngineReading, Event, Metric, Node
+from collectors.readings import ENGINE
 from dashboard.restarts.fit import (
     BUDGET,
     HOST,
@@ -172,25 +174,26 @@ def judge_stop(node: Node, engine: Engine, stop: Event, now: datetime) -> dict[s
     # Room figures from before its next start only (a collection's reading may already hold
     # what the new start allocated before the collectors saw it).
     until = now if again is None else again - timedelta(seconds=settings.SPARKOPS_COLLECT_INTERVAL)
-    ran_at = EngineSample.objects.filter(
-        engine=engine, metric__in=[EngineMetric.CONTAINER_MEMORY, EngineMetric.GPU_MEMORY],
-        at__lt=stop.at, value__isnull=False).order_by("-at").values_list("at", flat=True).first()
+    held_figures = (EngineMetric.CONTAINER_MEMORY, EngineMetric.GPU_MEMORY)
+    ran_at = EngineReading.objects.filter(ENGINE.holding_any(held_figures), engine=engine,
+                                          at__lt=stop.at) \
+        .order_by("-at").values_list("at", flat=True).first()
     if ran_at is None:
         return {**base, "verdict": "unknown",
                 "why": f"{engine.name} was never read running before it stopped"}
     # The room before the stop is read only once the engine served (answered a scrape, which
     # it does after its start-up allocated its memory): a figure from while it still loaded
     # would not yet be short of what it held.
-    served = EngineSample.objects.filter(engine=engine, at__lte=ran_at).exclude(
-        metric__in=[EngineMetric.CONTAINER_MEMORY, EngineMetric.GPU_MEMORY])
+    scraped = [metric for metric in EngineMetric if metric not in held_figures]
+    served = EngineReading.objects.filter(ENGINE.holding_any(scraped), engine=engine,
+                                          at__lte=ran_at)
     if engine.started_at is not None:
         served = served.filter(at__gte=engine.started_at)
     served_at = served.order_by("at").values_list("at", flat=True).first()
     if served_at is None:
         return {**base, "verdict": "unknown",
                 "why": f"{engine.name} stopped before it was read serving"}
-    gpu_seen = EngineSample.objects.filter(engine=engine, metric=EngineMetric.GPU_MEMORY,
-                                           at__lte=ran_at, value__isnull=False) \
+    gpu_seen = ENGINE.holding(EngineMetric.GPU_MEMORY).filter(engine=engine, at__lte=ran_at) \
         .order_by("-at").values_list("value", flat=True).first()
     held, parts = returned_by_stop(engine_share(engine),
                                    gpu_seen=int(gpu_seen) if gpu_seen is not None else None)
@@ -230,16 +233,15 @@ def _account(node: Node, source: str, held: int, serving: tuple[datetime, dateti
     highest after that up to ``until``; None when that room has no figure from then."""
     metric, total_metric = _ROOM_METRICS[source]
     served_at, ran_at = serving
-    stored = Sample.objects.filter(node=node, metric=metric, value__isnull=False)
+    stored = readings.HOST.holding(metric).filter(node=node)
     before = stored.filter(at__gte=served_at, at__lte=ran_at).order_by("-at") \
         .values_list("value", flat=True).first()
     if before is None:
         return None
     total = node.mem_total_bytes
     if total_metric is not None:
-        total = Sample.objects.filter(node=node, metric=total_metric, at__lte=ran_at,
-                                      value__isnull=False).order_by("-at") \
-            .values_list("value", flat=True).first()
+        total = readings.HOST.holding(total_metric).filter(node=node, at__lte=ran_at) \
+            .order_by("-at").values_list("value", flat=True).first()
     since = [int(value) for value in stored.filter(at__gt=ran_at, at__lte=until)
              .values_list("value", flat=True)]
     account = MemoryReturn(source, int(before), held,

@@ -7,9 +7,10 @@ import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Max
+from django.db.models import Max, Q
 
-from collectors.models import Engine, EngineMetric, EngineSample, Metric, Sample
+from collectors.models import Engine, EngineMetric, EngineReading, Metric
+from collectors.readings import ENGINE, HOST
 
 SINGLE_STREAM_LOOKBACK = timedelta(days=7)
 SINGLE_STREAM_SAMPLES = 30
@@ -35,16 +36,15 @@ def single_stream_decode(engine: Engine, now: datetime, interval: float) -> Meas
     far back as raw samples are kept (``SPARKOPS_RAW_RETENTION_DAYS``, a day by default).
     """
     since = now - SINGLE_STREAM_LOOKBACK
-    ones = list(EngineSample.objects.filter(
-        engine=engine, metric=EngineMetric.REQUESTS_RUNNING, value=1, at__gte=since, at__lte=now,
+    ones = list(ENGINE.holding(EngineMetric.REQUESTS_RUNNING).filter(
+        engine=engine, value=1, at__gte=since, at__lte=now,
     ).order_by("at").values_list("at", flat=True))
     most = timedelta(seconds=1.5 * interval)
     qualifying = [at for before, at in zip(ones, ones[1:], strict=False) if at - before <= most]
     if not qualifying:
         return Measured(None)
-    decode = list(EngineSample.objects.filter(
-        engine=engine, metric=EngineMetric.DECODE_TPS, value__gt=0,
-        at__in=qualifying[-5 * SINGLE_STREAM_SAMPLES:],
+    decode = list(ENGINE.holding(EngineMetric.DECODE_TPS).filter(
+        engine=engine, value__gt=0, at__in=qualifying[-5 * SINGLE_STREAM_SAMPLES:],
     ).order_by("-at").values_list("at", "value")[:SINGLE_STREAM_SAMPLES])
     if not decode:
         return Measured(None)
@@ -59,9 +59,11 @@ def busy_neighbours(engine: Engine, moments: list[datetime]) -> dict[str, int]:
     collection scrapes every engine of a node and stamps their samples with the same instant.)"""
     if not moments:
         return {}
-    rows = EngineSample.objects.filter(
-        engine__node_id=engine.node_id, at__in=moments, value__gt=0,
-        metric__in=[EngineMetric.DECODE_TPS, EngineMetric.PREFILL_TPS],
+    decode, prefill = (ENGINE.column(EngineMetric.DECODE_TPS),
+                       ENGINE.column(EngineMetric.PREFILL_TPS))
+    rows = EngineReading.objects.filter(
+        Q(**{f"{decode}__gt": 0}) | Q(**{f"{prefill}__gt": 0}),
+        engine__node_id=engine.node_id, at__in=moments,
     ).exclude(engine=engine).values_list("engine__name", "at")
     seen: dict[str, set[datetime]] = {}
     for name, at in rows:
@@ -73,7 +75,7 @@ def peak_pressure(engine: Engine, measured: Measured) -> float | None:
     """The highest PSI (some, avg10, %) of the node while the measurement was taken."""
     if measured.first_at is None or measured.last_at is None:
         return None
-    return Sample.objects.filter(
-        node_id=engine.node_id, metric=Metric.PSI_SOME_AVG10,
+    return HOST.holding(Metric.PSI_SOME_AVG10).filter(
+        node_id=engine.node_id,
         at__gte=measured.first_at - timedelta(seconds=30), at__lte=measured.last_at,
     ).aggregate(peak=Max("value"))["peak"]

@@ -10,7 +10,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from collectors.models import Engine, EngineMetric, EngineSample
+from collectors.models import Engine, EngineMetric, EngineReading
+from collectors.readings import Sample, engine_readings
 from dashboard.alerting.evaluation import evaluate_rules
 from dashboard.alerting.models import Alert, RuleSetting
 from dashboard.alerting.pipeline import run_alerts
@@ -27,20 +28,19 @@ def _busy_engine(node, name: str, decode: float) -> Engine:
     engine = Engine.objects.create(
         node=node, name=name, container_id=name * 8, container_state="running", phase="ready",
         config={"max_num_seqs": 16}, rates={"prefill_tokens_per_s": 900.0})
-    EngineSample.objects.bulk_create(
-        [EngineSample(engine=engine, metric=EngineMetric.DECODE_TPS,
-                      at=T0 - timedelta(seconds=5 * i), value=decode if i > 2 else 1.0)
+    EngineReading.objects.bulk_create(engine_readings(
+        [(engine, Sample(EngineMetric.DECODE_TPS, T0 - timedelta(seconds=5 * i),
+                         decode if i > 2 else 1.0))
          for i in range(130)]
-        + [EngineSample(engine=engine, metric=EngineMetric.REQUESTS_WAITING,
-                        at=T0 - timedelta(seconds=s), value=v)
-           for s, v in [(0, 4), (5, 3), (10, 2), (20, 1), (25, 0)]])
+        + [(engine, Sample(EngineMetric.REQUESTS_WAITING, T0 - timedelta(seconds=s), v))
+           for s, v in [(0, 4), (5, 3), (10, 2), (20, 1), (25, 0)]]))
     return engine
 
 
 def _sample_queries(node) -> int:
     with CaptureQueriesContext(connection) as captured:
         evaluate_rules(node, T0)
-    table = EngineSample._meta.db_table
+    table = EngineReading._meta.db_table
     return sum(1 for query in captured.captured_queries if f'FROM "{table}"' in query["sql"])
 
 

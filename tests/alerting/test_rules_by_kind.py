@@ -8,10 +8,11 @@ import pytest
 
 from collectors.kinds.registry import READERS
 from collectors.ledger import build_ledger, record_changes
-from collectors.models import Engine, EngineMetric, EngineSample
+from collectors.models import Engine, EngineMetric
 from dashboard.alerting.rules import engine_down, overcommit, prefill_stall, queue_backlog
 from dashboard.alerting.settings import rule_settings
 from sparkops.units import GIB
+from tests.stored import engine_sample
 
 T0 = datetime(2026, 11, 30, 14, 0, tzinfo=UTC)
 FIGURES = {"mem_total": int(121.69 * GIB), "mem_available": 30 * GIB,
@@ -34,10 +35,8 @@ def _thresholds(rule: str) -> dict:
 
 
 def _waiting(engine: Engine, *values: float) -> None:
-    EngineSample.objects.bulk_create([
-        EngineSample(engine=engine, metric=EngineMetric.REQUESTS_WAITING,
-                     at=T0 - timedelta(seconds=5 * i), value=value)
-        for i, value in enumerate(values)])
+    for i, value in enumerate(values):
+        engine_sample(engine, EngineMetric.REQUESTS_WAITING, T0 - timedelta(seconds=5 * i), value)
 
 
 @pytest.mark.parametrize(("kind", "reason"), [

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from collectors.ledger import EngineShare, Ledger
-from collectors.models import Collection, Engine, Metric, Node, Sample
+from collectors.models import Collection, Engine, Metric, Node
+from collectors.readings import HOST, Sample
 from dashboard.alerting.models import Alert, AlertState
 from dashboard.restarts.models import Restart
 
@@ -29,10 +30,9 @@ def collect(node: Node, at: datetime, figures: dict[Metric, tuple[float | None, 
     """One successful collection at ``at`` with the given samples (value, note)."""
     Collection.objects.create(node=node, at=at, window_started_at=at - timedelta(seconds=4.75),
                               ok=True, reads=48)
-    Sample.objects.bulk_create([
-        Sample(node=node, metric=metric, at=at, value=value, note=note)
-        for metric, (value, note) in figures.items()
-    ])
+    HOST.reading(node, at, [
+        Sample(metric, at, value, note) for metric, (value, note) in figures.items()
+    ]).save()
 
 
 HOST_FIGURES: dict[Metric, tuple[float | None, str]] = {

@@ -14,7 +14,7 @@ from collectors import pagecache as node_pagecache
 from collectors.emulator.cli import CliError, parse_args
 from collectors.emulator.memory import LeftBehind
 from collectors.ledger import EngineShare
-from collectors.models import Engine, EngineMetric, EngineSample, Event, Metric, Sample
+from collectors.models import Engine, EngineMetric, EngineReading, Event, Metric
 from collectors.pagecache import CompactFailed, compact_memory
 from dashboard.alerting.rules import memory_not_returned
 from dashboard.audit.models import AuditEntry
@@ -33,6 +33,7 @@ from dashboard.restarts.models import Restart
 from dashboard.restarts.pagecache import DropRefused, drop_while_starting, last_drop_before_guard
 from dashboard.restarts.unplanned import judge_memory_returns, record_unplanned_restarts
 from sparkops.units import GIB, MIB
+from tests.stored import engine_sample, engine_samples, host_sample
 
 T0 = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
 THRESHOLDS = {spec.key: spec.default for spec in memory_not_returned.RULE.thresholds}
@@ -139,18 +140,17 @@ def test_engines_held_counts_running_engines_only(node):
 
 
 def _samples(node, metric, values_by_second: dict[int, float]) -> None:
-    Sample.objects.bulk_create([Sample(node=node, metric=metric, at=T0 + timedelta(seconds=s),
-                                       value=v) for s, v in values_by_second.items()])
+    for s, v in values_by_second.items():
+        host_sample(node, metric, T0 + timedelta(seconds=s), v)
 
 
 def _stopped_engine(node, available_after_gib: float) -> Engine:
     """An engine that held 75.5 GiB, last read running at T0+5 s and seen exited at T0+10 s,
     with MemAvailable 20 GiB while it ran and ``available_after_gib`` after."""
     engine = _engine(node, container_state="exited", exit_code=1)
-    EngineSample.objects.create(engine=engine, metric=EngineMetric.REQUESTS_RUNNING,
-                                at=T0, value=0.0)  # it served
-    EngineSample.objects.create(engine=engine, metric=EngineMetric.CONTAINER_MEMORY,
-                                at=T0 + timedelta(seconds=5), value=float(80 * GIB))
+    engine_sample(engine, EngineMetric.REQUESTS_RUNNING, T0, 0.0)  # it served
+    engine_sample(engine, EngineMetric.CONTAINER_MEMORY, T0 + timedelta(seconds=5),
+                  float(80 * GIB))
     _samples(node, Metric.MEM_AVAILABLE, {0: 20 * GIB, 5: 20 * GIB,
                                           15: available_after_gib * GIB,
                                           70: available_after_gib * GIB})
@@ -204,7 +204,8 @@ def test_an_engine_started_again_within_the_grace_is_not_judged(node):
 
 def test_an_engine_that_stopped_while_it_loaded_is_not_judged(node):
     _stopped_engine(node, available_after_gib=40.0)
-    EngineSample.objects.filter(metric=EngineMetric.REQUESTS_RUNNING).delete()
+    EngineReading.objects.filter(requests_running__isnull=False).update(requests_running=None)
+    assert engine_samples(metric=EngineMetric.REQUESTS_RUNNING) == []
 
     record_unplanned_restarts(node, T0 + timedelta(seconds=75))
 

@@ -10,7 +10,8 @@ import pytest
 from django.utils import timezone
 
 from collectors.enginecard import engine_card
-from collectors.models import Engine, EngineMetric, EngineSample
+from collectors.models import Engine, EngineMetric, EngineReading
+from collectors.readings import Sample, engine_readings
 from collectors.vllm.flags import parse_command_line
 from collectors.vllm.metrics import parse_engines
 from collectors.vllm.rates import Observation, compute_rates
@@ -140,12 +141,12 @@ def test_a_speculative_engine_that_drafted_nothing_yet_has_no_acceptance(node):
 def test_the_engine_chart_draws_acceptance_only_for_a_speculative_engine(admin_client, node):
     engine = _engine(node, SPECULATIVE, snapshot=COUNTERS, rates={})
     now = timezone.now()
-    EngineSample.objects.bulk_create([
-        EngineSample(engine=engine, metric=metric, at=now - timedelta(seconds=5 * i), value=value)
+    EngineReading.objects.bulk_create(engine_readings([
+        (engine, Sample(metric, now - timedelta(seconds=5 * i), value))
         for i in range(6)
         for metric, value in ((EngineMetric.SPEC_ACCEPTANCE, 0.743),
                               (EngineMetric.SPEC_TOKENS_PER_STEP, 3.97))
-    ])
+    ]))
 
     data = admin_client.get("/api/nodes/spark-a/engines/gemma/series.json?range=1h").json()
     engine.config = parse_command_line("vllm serve org/m").as_dict()

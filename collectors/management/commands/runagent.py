@@ -76,8 +76,8 @@ NODE_TABLES_READ = (
     "dashboard_rulesetting",
 )
 NODE_TABLES_WRITTEN = (  # read, inserted into and updated, never deleted from
-    "collectors_node", "collectors_collection", "collectors_sample", "collectors_engine",
-    "collectors_enginestart", "collectors_enginesample", "collectors_gpusample",
+    "collectors_node", "collectors_collection", "collectors_hostreading", "collectors_engine",
+    "collectors_enginestart", "collectors_enginereading", "collectors_gpusample",
     "collectors_event", "collectors_ledgerchange", "dashboard_restart", "dashboard_restartstep",
 )
 # Inserted into only; INSERT ... RETURNING "id" needs that one column readable.

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from collectors.models import Engine, Metric, Node, Sample
+from collectors.models import Engine, Metric, Node
+from collectors.readings import HOST
 from dashboard.alerting.conditions import Condition
 from dashboard.alerting.rules.base import Rule, ThresholdSpec
 from sparkops.units import MIB, fixed_gib_text, gib
@@ -55,9 +56,8 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
 def _swap_growth_mib_per_min(node: Node, ledger: dict, now: datetime) -> float | None:
     """Swap-in-use growth over about the last minute, from the host samples (one query)."""
     current = ledger.get("swap_used")
-    earlier = Sample.objects.filter(
-        node=node, metric=Metric.SWAP_USED, at__lte=now - timedelta(seconds=50),
-        at__gte=now - timedelta(minutes=5), value__isnull=False,
+    earlier = HOST.holding(Metric.SWAP_USED).filter(
+        node=node, at__lte=now - timedelta(seconds=50), at__gte=now - timedelta(minutes=5),
     ).order_by("-at").values_list("at", "value").first()
     if current is None or earlier is None:
         return None

@@ -1,0 +1,199 @@
+"""Raw samples as they are stored: a reading (a row) per collection, a column per metric.
+
+A collection writes about 70 figures at four engines. Stored a row each (node, metric, time,
+value), their row headers and index entries cost more than the figures themselves: 170–180
+bytes a figure on PostgreSQL, two thirds of 30 days of history in its last day. So a collection's
+host figures are one :class:`~collectors.models.HostReading` and each engine's one
+:class:`~collectors.models.EngineReading`, and this module is the one place that knows how a
+metric is kept in them:
+
+- a figure's column is its metric's name in lower case (``Metric.MEM_AVAILABLE`` is
+  ``mem_available``);
+- its time is the reading's ``at``, except an interval minimum's, which has a column of its own
+  (``mem_available_min_at``): the instant it was seen, so a dip is drawn where it happened;
+- a NULL figure with no note was not read (a memory budget that is not watched: nothing to
+  draw); a NULL figure with a note in ``notes`` (by metric id) was read as unknown, and the note
+  says why (a gap in a chart, the reason on a page).
+
+The collectors build readings from :class:`Sample` values (:meth:`Layout.reading`,
+:func:`engine_readings`); rules and pages ask for one metric's figures (:meth:`Layout.holding`)
+or a reading's (:meth:`Layout.samples`); the roll-ups and charts unfold readings into one row per
+figure in SQL (:meth:`Layout.figures`, :meth:`Layout.minute_rows`), so the tiers above the raw
+one, and what a chart receives, are what they were when each figure was a row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db.models import (
+    Avg,
+    Count,
+    F,
+    IntegerChoices,
+    IntegerField,
+    Max,
+    Min,
+    Model,
+    Q,
+    QuerySet,
+    Value,
+)
+from django.db.models.functions import TruncMinute
+
+from collectors.models import Engine, EngineMetric, EngineReading, HostReading, Metric
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One figure of one metric at one instant: ``value`` None when it was read as unknown,
+    ``note`` then saying why."""
+
+    metric: int
+    at: datetime
+    value: float | None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the figures of one kind of reading are kept: the model, the field naming what a
+    reading belongs to (``node`` or ``engine``), its metrics, and the metrics whose time is a
+    column of its own."""
+
+    model: type[Model]
+    owner: str
+    metrics: type[IntegerChoices]
+    timed: Mapping[int, str] = field(default_factory=dict)
+
+    def column(self, metric: int) -> str:
+        """The column holding ``metric``'s figure."""
+        return self.metrics(metric).name.lower()
+
+    def time(self, metric: int) -> str:
+        """The column holding the time of ``metric``'s figure."""
+        return self.timed.get(metric, "at")
+
+    def holding(self, metric: int, readings: QuerySet | None = None) -> QuerySet:
+        """The readings (of ``readings``, else all) that hold a known figure of ``metric``, with
+        it as ``value``: ``holding(M).filter(node=n, value__gt=0).values_list("at", "value")``.
+        Its time is ``at``, except for a metric of :attr:`timed`, whose time is
+        :meth:`time`."""
+        column = self.column(metric)
+        rows = self.model.objects.all() if readings is None else readings
+        return rows.filter(**{f"{column}__isnull": False}).annotate(value=F(column))
+
+    def holding_any(self, metrics: Iterable[int]) -> Q:
+        """Readings that hold a known figure of any of ``metrics``."""
+        condition = Q()
+        for metric in metrics:
+            condition |= Q(**{f"{self.column(metric)}__isnull": False})
+        return condition
+
+    def read(self, metric: int) -> Q:
+        """Readings in which ``metric`` was read: known, or unknown with a note."""
+        return Q(**{f"{self.column(metric)}__isnull": False}) | Q(notes__has_key=str(int(metric)))
+
+    def figures(self, readings: QuerySet, metric: int, since: datetime,
+                until: datetime | None = None, before: datetime | None = None) -> QuerySet:
+        """The figures of ``metric`` timed in [since, until] (or [since, before)), one row per
+        reading that read it, as the annotations ``metric``, ``when`` (its time) and ``figure``
+        (None where it was read as unknown): a part of a chart's ``UNION ALL``."""
+        time, column = self.time(metric), self.column(metric)
+        rows = readings.filter(self.read(metric), **{f"{time}__gte": since})
+        if time != "at":
+            rows = rows.filter(at__gte=since)  # a figure is never later than its reading
+        if until is not None:
+            rows = rows.filter(**{f"{time}__lte": until})
+        if before is not None:
+            rows = rows.filter(**{f"{time}__lt": before})
+        return rows.annotate(metric=Value(int(metric), output_field=IntegerField()),
+                             when=F(time), figure=F(column))
+
+    def minute_rows(self, readings: QuerySet, owner_keys: tuple[str, ...], start: datetime,
+                    until: datetime) -> list[dict[str, Any]]:
+        """Per owner (``owner_keys``, e.g. ``("engine_id",)``; none when ``readings`` belong to
+        one node), minute and metric: min, max, mean and count of the known figures timed in
+        [start, until), in one grouped query per time column."""
+        found: list[dict[str, Any]] = []
+        for time, metrics in self._by_time().items():
+            rows = readings.filter(**{f"{time}__gte": start, f"{time}__lt": until})
+            if time != "at":
+                rows = rows.filter(at__gte=start)
+            aggregates: dict[str, Any] = {}
+            for metric in metrics:
+                column = self.column(metric)
+                aggregates |= {f"lo_{column}": Min(column), f"hi_{column}": Max(column),
+                               f"avg_{column}": Avg(column), f"n_{column}": Count(column)}
+            groups = rows.annotate(bucket=TruncMinute(time)).values(*owner_keys, "bucket") \
+                .annotate(**aggregates).order_by()
+            for group in groups:
+                owner = {key: group[key] for key in owner_keys}
+                for metric in metrics:
+                    column = self.column(metric)
+                    if group[f"n_{column}"]:
+                        found.append({**owner, "metric": int(metric), "start": group["bucket"],
+                                      "min": group[f"lo_{column}"], "max": group[f"hi_{column}"],
+                                      "mean": group[f"avg_{column}"],
+                                      "count": group[f"n_{column}"]})
+        return found
+
+    def first_at(self, readings: QuerySet, since: datetime | None) -> datetime | None:
+        """The earliest time of a figure in ``readings`` at or after ``since``."""
+        rows = readings if since is None else readings.filter(at__gte=since)
+        times = ("at", *self.timed.values())
+        firsts = rows.aggregate(**{time: Min(time) for time in times})
+        return min((moment for moment in firsts.values()
+                    if moment is not None and (since is None or moment >= since)), default=None)
+
+    def samples(self, reading: Model, metrics: Iterable[int] | None = None) -> dict[int, Sample]:
+        """A reading's figures (of ``metrics``, else all) by metric: those it holds and those it
+        read as unknown."""
+        found: dict[int, Sample] = {}
+        for metric in self.metrics if metrics is None else metrics:
+            value = getattr(reading, self.column(metric))
+            note = reading.notes.get(str(int(metric)))
+            if value is None and note is None:
+                continue
+            at = getattr(reading, self.time(metric)) or reading.at
+            found[int(metric)] = Sample(int(metric), at, value, note or "")
+        return found
+
+    def reading(self, owner: Model, at: datetime, samples: Iterable[Sample]) -> Model:
+        """An unsaved reading of ``owner`` at ``at`` holding ``samples`` (a later sample of a
+        metric replaces an earlier one)."""
+        row = self.model(**{self.owner: owner, "at": at})
+        notes: dict[str, str] = {}
+        for sample in samples:
+            setattr(row, self.column(sample.metric), sample.value)
+            if sample.metric in self.timed:
+                setattr(row, self.timed[sample.metric], sample.at)
+            notes.pop(str(int(sample.metric)), None)
+            if sample.value is None:
+                notes[str(int(sample.metric))] = sample.note
+        row.notes = notes
+        return row
+
+    def _by_time(self) -> dict[str, list[int]]:
+        by_time: dict[str, list[int]] = {}
+        for metric in self.metrics:
+            by_time.setdefault(self.time(metric), []).append(int(metric))
+        return by_time
+
+
+HOST = Layout(HostReading, "node", Metric, {
+    Metric.MEM_AVAILABLE_MIN: "mem_available_min_at",
+    Metric.MEMORY_BUDGET_ROOM_MIN: "memory_budget_room_min_at",
+})
+ENGINE = Layout(EngineReading, "engine", EngineMetric)
+
+
+def engine_readings(samples: Iterable[tuple[Engine, Sample]]) -> list[EngineReading]:
+    """Unsaved readings of the engines' ``samples``: one per engine and instant."""
+    grouped: dict[tuple[int, datetime], tuple[Engine, list[Sample]]] = {}
+    for engine, sample in samples:
+        grouped.setdefault((engine.pk, sample.at), (engine, []))[1].append(sample)
+    return [ENGINE.reading(engine, at, held) for (_, at), (engine, held) in grouped.items()]
