@@ -160,6 +160,7 @@ class Cycles:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # 1 GiB of growth against the machine's MemAvailable: tests beside it move it
 @pytest.mark.django_db
 def test_squeeze_act_discovers_engines_and_fires_the_alert(node, docker_host, settings):
     from sparkops.demo.story import Story
