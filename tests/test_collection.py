@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,23 @@ from collectors.hostmemory import collect_host_memory
 from collectors.meminfo import parse_meminfo
 from collectors.models import Collection, HostReading, Metric
 from collectors.procfs import Procfs
+from collectors.sampling import Clock
 from tests.stored import host_samples
 
 FIXTURES = Path(__file__).parent / "fixtures" / "procfs"
 GIB = 1024**3
+
+
+def _stepped_clock() -> Clock:
+    """A clock whose time moves only when the window sleeps: its reads fall where the pacing
+    puts them, however busy the machine."""
+    start, elapsed = datetime.now(UTC), [0.0]
+
+    def sleep(seconds: float) -> None:
+        elapsed[0] += seconds
+
+    return Clock(wall=lambda: start + timedelta(seconds=elapsed[0]), mono=lambda: elapsed[0],
+                 sleep=sleep)
 
 
 def _values(collection):
@@ -28,10 +42,11 @@ def test_collection_stores_every_metric_with_pressure(node, procfs_tree):
         (FIXTURES / "meminfo-gb10").read_text(), (FIXTURES / "pressure-memory").read_text()
     )
 
-    collection, _ = collect_host_memory(node, procfs, duration=0.2, period=0.05)
+    collection, _ = collect_host_memory(node, procfs, duration=0.2, period=0.05,
+                                        clock=_stepped_clock())
 
     values = _values(collection)
-    assert collection.ok and collection.reads >= 3
+    assert collection.ok and collection.reads == 3  # at 0, 0.125 (memory still) and 0.2 s
     assert values[Metric.MEM_AVAILABLE][0] == 58112044 * 1024
     assert values[Metric.MEM_AVAILABLE_MIN][0] == 58112044 * 1024
     assert values[Metric.PSI_SOME_AVG10][0] == 1.25
