@@ -17,13 +17,16 @@ metric is kept in them:
 
 The collectors build readings from :class:`Sample` values (:meth:`Layout.reading`,
 :func:`engine_readings`); rules and pages ask for one metric's figures (:meth:`Layout.holding`)
-or a reading's (:meth:`Layout.samples`); the roll-ups and charts unfold readings into one row per
-figure in SQL (:meth:`Layout.figures`, :meth:`Layout.minute_rows`), so the tiers above the raw
-one, and what a chart receives, are what they were when each figure was a row.
+or a reading's (:meth:`Layout.samples`); the roll-ups group the columns per minute in SQL
+(:meth:`Layout.minute_rows`) and the charts read every asked column of a reading at once and
+unfold it into a row per figure (``dashboard.series``, by :meth:`Layout.column`,
+:meth:`Layout.time` and :meth:`Layout.is_read`), so the tiers above the raw one, and what a
+chart receives, are what they were when each figure was a row.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,13 +37,11 @@ from django.db.models import (
     Count,
     F,
     IntegerChoices,
-    IntegerField,
     Max,
     Min,
     Model,
     Q,
     QuerySet,
-    Value,
 )
 from django.db.models.functions import TruncMinute
 
@@ -93,25 +94,10 @@ class Layout:
             condition |= Q(**{f"{self.column(metric)}__isnull": False})
         return condition
 
-    def read(self, metric: int) -> Q:
-        """Readings in which ``metric`` was read: known, or unknown with a note."""
-        return Q(**{f"{self.column(metric)}__isnull": False}) | Q(notes__has_key=str(int(metric)))
-
-    def figures(self, readings: QuerySet, metric: int, since: datetime,
-                until: datetime | None = None, before: datetime | None = None) -> QuerySet:
-        """The figures of ``metric`` timed in [since, until] (or [since, before)), one row per
-        reading that read it, as the annotations ``metric``, ``when`` (its time) and ``figure``
-        (None where it was read as unknown): a part of a chart's ``UNION ALL``."""
-        time, column = self.time(metric), self.column(metric)
-        rows = readings.filter(self.read(metric), **{f"{time}__gte": since})
-        if time != "at":
-            rows = rows.filter(at__gte=since)  # a figure is never later than its reading
-        if until is not None:
-            rows = rows.filter(**{f"{time}__lte": until})
-        if before is not None:
-            rows = rows.filter(**{f"{time}__lt": before})
-        return rows.annotate(metric=Value(int(metric), output_field=IntegerField()),
-                             when=F(time), figure=F(column))
+    def is_read(self, metric: int, value: float | None, notes: Mapping[str, str]) -> bool:
+        """Whether a reading with ``value`` and ``notes`` read ``metric``: known, or unknown with
+        a note."""
+        return value is not None or str(int(metric)) in notes
 
     def minute_rows(self, readings: QuerySet, owner_keys: tuple[str, ...], start: datetime,
                     until: datetime) -> list[dict[str, Any]]:
@@ -189,6 +175,14 @@ HOST = Layout(HostReading, "node", Metric, {
     Metric.MEMORY_BUDGET_ROOM_MIN: "memory_budget_room_min_at",
 })
 ENGINE = Layout(EngineReading, "engine", EngineMetric)
+
+
+def stored_notes(raw: str | Mapping[str, str] | None) -> Mapping[str, str]:
+    """A reading's ``notes`` as a database cursor returns them: JSON text (SQLite), already a
+    dict (PostgreSQL's jsonb through psycopg), or NULL."""
+    if not raw or raw == "{}":
+        return {}
+    return json.loads(raw) if isinstance(raw, str) else raw
 
 
 def engine_readings(samples: Iterable[tuple[Engine, Sample]]) -> list[EngineReading]:

@@ -36,9 +36,9 @@ from collectors.models import (
     Node,
     Rollup,
 )
-from collectors.readings import ENGINE, HOST, Layout
+from collectors.readings import ENGINE, HOST, Layout, stored_notes
 from collectors.retention import MINUTE, TIERS, floor_to
-from dashboard.downsample import SeriesPoint
+from dashboard.downsample import SeriesPoint, epoch_ms
 
 MAX_ROWS = 1500  # per series per chart: the finest source with at most this many buckets wins
 _time = itemgetter(0)  # a SeriesPoint's time
@@ -109,7 +109,8 @@ def _points(samples: QuerySet, rollups: QuerySet, keys: tuple[str, ...], metrics
     """Series by ``keys`` (e.g. (engine id, metric)), in one query for all of them: the chosen
     tier up to its last complete bucket, the minute tier up to the roll-up watermark, raw
     samples after it, each a part of one ``UNION ALL``. ``samples`` are readings of ``layout``
-    (a part per metric, ``collectors.readings``), or a row per sample when it is None.
+    (``collectors.readings``), read in a query of their own (:func:`_reading_rows`), or a row
+    per sample when it is None.
 
     The query asks for no order: PostgreSQL would sort tens of thousands of rows gathered from
     its index for every key (half of the query's time), while each series, already nearly in
@@ -137,21 +138,55 @@ def _points(samples: QuerySet, rollups: QuerySet, keys: tuple[str, ...], metrics
                 .values_list(*keys, "epoch", "min", "max")
         parts.append(rows)
         since = until
-    if layout is not None:
-        parts += [layout.figures(samples, metric, since, end)
-                  .annotate(epoch=EpochMillis("when"), low=F("figure"), high=F("figure"))
-                  .order_by().values_list(*keys, "epoch", "low", "high") for metric in metrics]
+    if layout is not None:  # readings: their own query, a row per reading
+        _collect(points, _reading_rows(layout, samples, keys, metrics, since, end), len(keys))
     else:
         rows = samples.filter(metric__in=metrics, at__gte=since)
         if end is not None:
             rows = rows.filter(at__lte=end)
         parts.append(rows.annotate(epoch=EpochMillis("at"), low=F("value"), high=F("value"))
                      .order_by().values_list(*keys, "epoch", "low", "high"))
-    query = parts[0].union(*parts[1:], all=True) if len(parts) > 1 else parts[0]
-    _collect(points, _fetch(query), len(keys))
+    if parts:
+        query = parts[0].union(*parts[1:], all=True) if len(parts) > 1 else parts[0]
+        _collect(points, _fetch(query), len(keys))
     for series in points.values():
         series.sort(key=_time)  # rows come in no order; the pieces do not overlap in time
     return points
+
+
+def _reading_rows(layout: Layout, readings: QuerySet, keys: tuple[str, ...], metrics: list[int],
+                  since: datetime, end: datetime | None) -> list[tuple]:
+    """The figures of ``metrics`` timed in [since, end] as rows (*keys, epoch ms, low, high),
+    from one query that reads every asked column of each reading in range; a figure read as
+    unknown is a row without values (a gap in the chart), one not read is no row.
+
+    One query, not a part of the ``UNION ALL`` per metric: each part would be compiled and
+    planned on its own, and a timeline asks for a dozen metrics."""
+    owner = keys[:-1]
+    times = list(dict.fromkeys(layout.time(metric) for metric in metrics))
+    epochs = {f"epoch_{time}": EpochMillis(time) for time in times}
+    rows = readings.filter(at__gte=since)  # a figure is never later than its reading
+    if end is not None:
+        rows = rows.filter(at__lte=end)
+    query = rows.annotate(**epochs).order_by().values_list(
+        *owner, *epochs, *(layout.column(metric) for metric in metrics), "notes")
+    first, last = epoch_ms(since), None if end is None else epoch_ms(end)
+    width = len(owner)
+    where = [(metric, width + times.index(layout.time(metric)), width + len(times) + index)
+             for index, metric in enumerate(metrics)]
+    found: list[tuple] = []
+    for row in _fetch(query):
+        notes = None
+        for metric, time_at, value_at in where:
+            value, moment = row[value_at], row[time_at]
+            if value is None:
+                notes = stored_notes(row[-1]) if notes is None else notes
+                if not layout.is_read(metric, value, notes):
+                    continue
+            if moment is None or moment < first or (last is not None and moment > last):
+                continue
+            found.append((*row[:width], metric, moment, value, value))
+    return found
 
 
 def _collect(points: dict[tuple, list[SeriesPoint]], rows: list[tuple], width: int) -> None:
