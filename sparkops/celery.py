@@ -12,12 +12,24 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.signals import task_postrun, task_prerun
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sparkops.settings")
 
 app = Celery("sparkops")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _close_old_connections(**_: object) -> None:
+    """Django's request rule around every task (``CELERY_DB_REUSE_MAX`` keeps Celery's fixup
+    from closing every connection): close this thread's connections that broke or outlived
+    ``CONN_MAX_AGE``, keep the rest."""
+    from django.db import close_old_connections
+
+    close_old_connections()
 
 
 # Every task's name, pinned: a message carries the name, and messages queued before an upgrade
