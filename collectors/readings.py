@@ -141,11 +141,11 @@ class Layout:
         found: dict[int, Sample] = {}
         for metric in self.metrics if metrics is None else metrics:
             value = getattr(reading, self.column(metric))
-            note = reading.notes.get(str(int(metric)))
-            if value is None and note is None:
+            if not self.is_read(metric, value, reading.notes):
                 continue
             at = getattr(reading, self.time(metric)) or reading.at
-            found[int(metric)] = Sample(int(metric), at, value, note or "")
+            found[int(metric)] = Sample(int(metric), at, value,
+                                        reading.notes.get(str(int(metric)), ""))
         return found
 
     def reading(self, owner: Model, at: datetime, samples: Iterable[Sample]) -> Model:
