@@ -78,14 +78,13 @@ class Layout:
         """The column holding the time of ``metric``'s figure."""
         return self.timed.get(metric, "at")
 
-    def holding(self, metric: int, readings: QuerySet | None = None) -> QuerySet:
-        """The readings (of ``readings``, else all) that hold a known figure of ``metric``, with
-        it as ``value``: ``holding(M).filter(node=n, value__gt=0).values_list("at", "value")``.
-        Its time is ``at``, except for a metric of :attr:`timed`, whose time is
-        :meth:`time`."""
+    def holding(self, metric: int) -> QuerySet:
+        """The readings that hold a known figure of ``metric``, with it as ``value``:
+        ``holding(M).filter(node=n, value__gt=0).values_list("at", "value")``. Its time is
+        ``at``, except for a metric of :attr:`timed`, whose time is :meth:`time`."""
         column = self.column(metric)
-        rows = self.model.objects.all() if readings is None else readings
-        return rows.filter(**{f"{column}__isnull": False}).annotate(value=F(column))
+        return self.model.objects.filter(**{f"{column}__isnull": False}) \
+            .annotate(value=F(column))
 
     def holding_any(self, metrics: Iterable[int]) -> Q:
         """Readings that hold a known figure of any of ``metrics``."""
