@@ -57,6 +57,24 @@ def _remove_the_tests_containers() -> Iterator[None]:
     remove_started_containers()
 
 
+@pytest.fixture(autouse=True)
+def _sparkops_stays_the_current_celery_app() -> Iterator[None]:
+    # A task's ``delay()`` goes through Celery's *current* app, and ``Celery(...)`` makes each
+    # new app current unless told ``set_as_current=False``: a probe app a test made for a
+    # fleet's broker would take every later test's tasks in this process to that broker, past
+    # ``task_always_eager``. The test that does so fails here, by name.
+    from celery import current_app
+
+    from sparkops.celery import app
+
+    yield
+    leaked = current_app._get_current_object()
+    if leaked is not app:
+        app.set_current()
+        pytest.fail(f"the test left Celery app {leaked.main!r} current: create it with "
+                    "set_as_current=False", pytrace=False)
+
+
 SEED_MIGRATION = "collectors.migrations.0012_seed_model_architectures"
 
 

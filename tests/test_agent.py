@@ -293,7 +293,7 @@ def test_an_agent_registers_beats_and_takes_only_its_own_queue(tmp_path, postgre
             AGENT, first_beat), "a second heartbeat")
 
         # Work for another node and for the centre stays queued; its own is done.
-        probe = Celery("probe", broker=fleet.broker_url)
+        probe = Celery("probe", broker=fleet.broker_url, set_as_current=False)
         try:
             probe.send_task(COLLECT_HOST_MEMORY, args=(ELSEWHERE,), queue=node_queue(ELSEWHERE))
             probe.send_task(ROLLUP_SAMPLES, queue="sparkops")
@@ -357,7 +357,7 @@ def test_an_agent_runs_on_the_least_privilege_it_prints(tmp_path, postgres_url, 
         "CELERY_BROKER_URL": f"redis://{node}:node-broker-password@{server}",
     }
     try:
-        probe = Celery("probe", broker=fleet.broker_url)
+        probe = Celery("probe", broker=fleet.broker_url, set_as_current=False)
         try:
             for task in (COLLECT_HOST_MEMORY, COLLECT_ENGINES, COLLECT_KERNEL_LOG):
                 probe.send_task(task, args=(node,), queue=node_queue(node))

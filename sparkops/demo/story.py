@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -83,6 +84,15 @@ CAUSE_LOOKBACK_MINUTES = 1.0
 START_CLEARANCE_SECONDS = CAUSE_LOOKBACK_MINUTES * 60
 
 
+@dataclass(frozen=True)
+class SqueezeLine:
+    """What the calibration expects of the squeeze act: the headroom once the neighbour grew,
+    and the headroom below which gemma's alert fires (its margin plus gemma's prefill need)."""
+
+    expected: int
+    firing: int
+
+
 class StoryInterrupted(Exception):
     """The story stops: Ctrl-C, or the stack exited (``failed``)."""
 
@@ -122,6 +132,8 @@ class Story:
         self.ports = ports or {spec.name: free_port() for spec in ENGINES}
         self.alert_seconds = alert_seconds
         self.engines_up: float | None = None  # monotonic: when SparkOps saw both engines
+        self.squeeze_line: SqueezeLine | None = None  # set by the calibration
+        self.lowest_after_growth: int | None = None  # the headroom recorded in the squeeze act
 
     # --- helpers ---------------------------------------------------------------------------
     def story_seconds(self, seconds_at_speed_1: float) -> float:
@@ -264,6 +276,8 @@ class Story:
         margin, hysteresis = squeeze_margin(headroom, need, neighbour_need, growth)
         before_room, after_room = squeeze_room(headroom, margin, need, neighbour_need, growth)
         margin_gib, hysteresis_gib = round(margin / GIB, 3), round(hysteresis / GIB, 3)
+        self.squeeze_line = SqueezeLine(expected=headroom - growth,
+                                        firing=int(margin_gib * GIB) + need)
         setting, _ = RuleSetting.objects.get_or_create(rule=SQUEEZE_RULE)
         # Causes are looked for only since just before this act, so that the engines' first
         # start (and an earlier demo run) are not named as what squeezed gemma now.
@@ -290,6 +304,27 @@ class Story:
                                within_budget=within))
         return margin_gib
 
+    @property
+    def squeeze_hidden(self) -> bool:
+        """Whether the last squeeze act's growth never took the recorded headroom below the
+        firing line: other programs gave memory back meanwhile, so there was nothing to fire."""
+        line, lowest = self.squeeze_line, self.lowest_after_growth
+        return line is not None and lowest is not None and lowest >= line.firing
+
+    def squeeze_missed(self) -> str:
+        """Why no alert fired, told from the lowest headroom recorded after the growth."""
+        line, lowest = self.squeeze_line, self.lowest_after_growth
+        if line is None or lowest is None:
+            return "this machine's headroom moved by something else meanwhile (see the ledger)."
+        if lowest < line.firing:
+            return (f"the headroom fell to {_gib(lowest)}, below the {_gib(line.firing)} at which "
+                    "it fires, yet no alert fired: see the Alerts page and the rule's history.")
+        return (f"the lowest headroom after the growth was {_gib(lowest)}, not the "
+                f"{_gib(line.expected)} the calibration expected: other programs gave back "
+                f"{_gib(lowest - line.expected)} meanwhile, more than the "
+                f"{_gib(line.firing - line.expected)} of room below the firing line "
+                f"({_gib(line.firing)}; see the ledger).")
+
     def _open_squeeze(self) -> Alert | None:
         """gemma's firing prefill-squeeze alert, if any."""
         engine = self.engine(GEMMA)
@@ -309,13 +344,21 @@ class Story:
                  "restart: it records it as unplanned.")
         self.containers.remove(NEMOTRON.name)
         self.start_engine(NEMOTRON, kv_gib=NEIGHBOUR_GROWN_KV_GIB)
-        fired = self.until(lambda: self._open_squeeze() is not None, self.alert_seconds)
+        self.lowest_after_growth = None
+
+        def fired() -> bool:
+            headroom = (self.node.ledger or {}).get("headroom")
+            if headroom is not None:
+                self.lowest_after_growth = min(headroom, self.lowest_after_growth or headroom)
+            return self._open_squeeze() is not None
+
+        self.until(fired, self.alert_seconds)
         alert = self._open_squeeze()
-        if fired and alert is not None:
+        if alert is not None:
             self.say(f"prefill-squeeze FIRING for gemma (Alerts page): {alert.summary}")
         else:
-            self.say(f"No prefill-squeeze alert within {self.alert_seconds:.0f} s: this machine's "
-                     "headroom moved by something else meanwhile (see the ledger).")
+            self.say(f"No prefill-squeeze alert within {self.alert_seconds:.0f} s: "
+                     f"{self.squeeze_missed()}")
         self.rest_of(started, SQUEEZE_SECONDS)
 
         started = time.monotonic()
