@@ -300,7 +300,10 @@ def test_an_agent_registers_beats_and_takes_only_its_own_queue(tmp_path, postgre
             probe.send_task(COLLECT_HOST_MEMORY, args=(AGENT,), queue=node_queue(AGENT))
         finally:
             probe.close()
-        fleet.wait_for(lambda: fleet.collections(AGENT) >= 1, "the agent's own collection")
+        # The collection is stored before the agent hands its evaluation over: both awaited.
+        fleet.wait_for(lambda: fleet.collections(AGENT) >= 1
+                       and EVALUATE_ALERTS in _queued(fleet.broker_url, "sparkops"),
+                       "the agent's own collection and the evaluation it hands over")
         assert _queued(fleet.broker_url, node_queue(ELSEWHERE)) == [COLLECT_HOST_MEMORY]
         # The centre's work waits for the centre: the probe, and the alert evaluation the
         # agent's collection handed over.
@@ -374,8 +377,10 @@ def test_an_agent_runs_on_the_least_privilege_it_prints(tmp_path, postgres_url, 
         fleet.wait_for(lambda: fleet.query(
             "select 1 from collectors_node where name = %s and heartbeat_at is not null "
             "and gpu_read_at is not null and facts <> '{}'", node)
-            and fleet.collections(node) >= 1 and not admin.llen(node_queue(node)),
-            "the node's registration, beats and its three tasks")
+            and fleet.collections(node) >= 1 and not admin.llen(node_queue(node))
+            # stored before the agent hands its evaluation over: that is awaited too
+            and _queued(fleet.broker_url, "sparkops"),
+            "the node's registration, beats, its three tasks and the evaluation it hands over")
         assert _queued(fleet.broker_url, "sparkops") == [EVALUATE_ALERTS]
         stop_group(agent)
         log = (tmp_path / "agent.log").read_text()
