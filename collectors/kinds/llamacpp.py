@@ -63,8 +63,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from collectors import promtext
 from collectors.kinds.base import (
     KindStartup,
     Launch,
@@ -428,17 +427,14 @@ def parse_metrics(text: str, process_start_header: str | None = None) -> LlamaCp
         raise parse_error("GET /metrics: not Prometheus text: the last line does not end with a "
                            "line feed (the body was cut off?)")
     try:
-        families = list(text_string_to_metric_families(text))
+        found = promtext.samples(text, _USED)
     except ValueError as error:
         raise parse_error(f"GET /metrics: not Prometheus text: {one_line(str(error))}") from None
     values: dict[str, float] = {}
-    for family in families:
-        for sample in family.samples:
-            if sample.name in _USED:
-                if sample.name in values:
-                    raise parse_error(f"GET /metrics: invalid llama.cpp metrics: {sample.name} "
-                                       "appears twice")
-                values[sample.name] = float(sample.value)
+    for name, _, value in found:
+        if name in values:
+            raise parse_error(f"GET /metrics: invalid llama.cpp metrics: {name} appears twice")
+        values[name] = value
     if "llamacpp:prompt_tokens_total" not in values \
             or "llamacpp:tokens_predicted_total" not in values:
         raise parse_error("GET /metrics: not a llama.cpp /metrics endpoint: no "

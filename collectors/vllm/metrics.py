@@ -1,8 +1,8 @@
 """Parse a vLLM ``/metrics`` exposition into per-engine snapshots, all or nothing.
 
-The text goes through ``prometheus_client``'s own parser, which streams: it yields the families
-before a bad line and only then raises. :func:`parse_engines` therefore consumes it completely
-before building anything, so a caller gets either every snapshot or :class:`MetricsParseError`.
+The text is read by :func:`collectors.promtext.samples` (``prometheus_client``'s parser, or a
+plain reading that gives the same samples for the plain lines engines write), whole, before
+anything is built, so a caller gets either every snapshot or :class:`MetricsParseError`.
 Only the families SparkOps reads reach the parser (:func:`_used_lines`): a busy engine's
 exposition is about 40 KB, mostly histograms SparkOps never reads, and parsing all of it cost
 about 12 ms of CPU per engine and collection. A malformed line of a family SparkOps does not
@@ -32,8 +32,9 @@ position, 0.8-0.33, only with ``--speculative-config``) and, for V0 engines (vll
 0.6-0.10), from its accepted and draft token counters and its two gauges, which V0 sets to NaN
 before the first draft.
 
-Cost: one pass of line filtering, then about 5 MB/s of text in the prometheus_client parser
-(pure Python) over the lines kept, then one pass over the samples.
+Cost: one pass of line filtering, then one regular expression per line kept (about 0.6 ms
+of CPU for a vLLM 0.33 scrape, from 1.7 ms in the prometheus_client parser), then one pass
+over the samples.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from dataclasses import dataclass, field, fields
 from itertools import pairwise
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
+from collectors import promtext
 
 __all__ = [
     "Histogram",
@@ -301,15 +302,10 @@ def _read_samples(text: str) -> list[_Sample]:
         raise MetricsParseError("not Prometheus text: the last line does not end with a line "
                                 "feed (the body was cut off?)")
     try:
-        families = list(text_string_to_metric_families(_used_lines(text)))
+        return [_Sample(name, labels, value)
+                for name, labels, value in promtext.samples(_used_lines(text), _USED)]
     except ValueError as error:
         raise MetricsParseError(f"not Prometheus text: {_one_line(str(error))}") from None
-    return [
-        _Sample(sample.name, sample.labels, float(sample.value))
-        for family in families
-        for sample in family.samples
-        if sample.name in _USED
-    ]
 
 
 def _counter_created_name(total_name: str) -> str:

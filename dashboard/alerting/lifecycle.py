@@ -130,8 +130,11 @@ def evaluate(
     settings = all_rule_settings()
     _check_conditions(node, conditions, settings)
     silences = list(Silence.objects.active(now).for_node(node))
-    open_scopes = set(Alert.objects.filter(node=node, state__in=OPEN_STATES)
-                      .values_list("scope", flat=True))
+    # (pk, rule, scope) of the alerts open when the round began: read once, for the scopes a
+    # condition must match and for the leftovers resolved at its end.
+    open_alerts = list(Alert.objects.filter(node=node, state__in=OPEN_STATES)
+                       .values_list("pk", "rule", "scope"))
+    open_scopes = {scope for _, _, scope in open_alerts}
     round_ = _Round(node, now, silences, on_notice)
     notices: list[Notice] = []
     for condition in conditions:
@@ -140,7 +143,8 @@ def evaluate(
             notices.extend(round_.apply(condition, setting))
     rules_run = evaluated_rules if evaluated_rules is not None \
         else {condition.rule for condition in conditions}
-    notices.extend(round_.resolve_leftovers({c.scope for c in conditions}, rules_run, settings))
+    notices.extend(round_.resolve_leftovers(open_alerts, {c.scope for c in conditions},
+                                            rules_run, settings))
     return notices
 
 
@@ -355,13 +359,16 @@ class _Round:
 
     # --- alerts without a condition this round ----------------------------------------------
 
-    def resolve_leftovers(self, scopes: set[str], rules_run: set[str],
+    def resolve_leftovers(self, open_alerts: list[tuple[int, str, str]], scopes: set[str],
+                          rules_run: set[str],
                           settings: dict[str, EffectiveSetting]) -> list[Notice]:
-        """Resolve open alerts of disabled rules, and of run rules whose scope has gone."""
+        """Resolve open alerts of disabled rules, and of run rules whose scope has gone.
+
+        ``open_alerts``: (pk, rule, scope) of those open when the round began. One opened in
+        the round has a condition (its scope is in ``scopes``); one resolved meanwhile by
+        another evaluator is found so by the locked re-read."""
         notices: list[Notice] = []
-        open_alerts = Alert.objects.filter(node=self.node, state__in=OPEN_STATES) \
-            .values_list("pk", "rule", "scope")
-        for pk, rule, scope in list(open_alerts):
+        for pk, rule, scope in open_alerts:
             setting = settings.get(rule)
             if setting is not None and not setting.enabled:
                 reason, message = ResolveReason.RULE_DISABLED, "the rule was disabled"

@@ -23,10 +23,12 @@ the engine and the missing amount.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Q
 
 from collectors import readings
 from collectors.ledger import engine_share
@@ -63,11 +65,14 @@ _ROOM_METRICS = {HOST: (Metric.MEM_AVAILABLE, None),
 
 
 def record_unplanned_restarts(node: Node, now: datetime) -> list[Restart]:
-    """Turn new restart-like events of ``node`` into unplanned restarts; return those written."""
-    recorded = Restart.objects.filter(
-        node=node, kind=Restart.Kind.UNPLANNED, requested_at__gte=now - LOOKBACK - MERGE_WITHIN
-    ).values_list("container_state", flat=True)
-    seen_ids = {event_id for state in recorded for event_id in (state or {}).get("event_ids", [])}
+    """Turn new restart-like events of ``node`` into unplanned restarts; return those written.
+
+    Cost, on a pass that finds nothing new: two queries (the node's open and recent unplanned
+    restarts, read once for every step of the pass, and its recent events)."""
+    restarts = _open_and_recent(node, now)
+    since = now - LOOKBACK - MERGE_WITHIN
+    seen_ids = {event_id for restart in restarts if restart.requested_at >= since
+                for event_id in (restart.container_state or {}).get("event_ids", [])}
     events = Event.objects.filter(node=node, kind__in=WATCHED_EVENTS, engine__isnull=False,
                                   at__gte=now - LOOKBACK).exclude(pk__in=seen_ids) \
         .select_related("engine").order_by("at")
@@ -76,9 +81,20 @@ def record_unplanned_restarts(node: Node, now: datetime) -> list[Restart]:
         if _explained_by_plan(event):
             continue
         written.append(_record(event))
-    _fill_startup_times(node)
-    judge_memory_returns(node, now)
+    if written:
+        restarts = _open_and_recent(node, now)
+    _fill_startup_times(restart for restart in restarts if restart.startup_seconds is None)
+    _judge(node, [restart for restart in restarts if restart.requested_at >= since], now)
     return written
+
+
+def _open_and_recent(node: Node, now: datetime) -> list[Restart]:
+    """The unplanned restarts of ``node`` whose startup is still open, or requested within the
+    look-back (and the merge window before it), with their engines. One query."""
+    return list(Restart.objects.filter(
+        Q(startup_seconds__isnull=True) | Q(requested_at__gte=now - LOOKBACK - MERGE_WITHIN),
+        node=node, kind=Restart.Kind.UNPLANNED,
+    ).select_related("engine"))
 
 
 def _explained_by_plan(event: Event) -> bool:
@@ -110,10 +126,8 @@ def _record(event: Event) -> Restart:
     )
 
 
-def _fill_startup_times(node: Node) -> None:
+def _fill_startup_times(pending: Iterable[Restart]) -> None:
     """Startup of an unplanned restart: container start → the engine's next "ready"."""
-    pending = Restart.objects.filter(node=node, kind=Restart.Kind.UNPLANNED,
-                                     startup_seconds__isnull=True).select_related("engine")
     for restart in pending:
         engine = restart.engine
         if engine.phase != "ready" or engine.started_at is None \
@@ -133,10 +147,12 @@ def judge_memory_returns(node: Node, now: datetime) -> list[Event]:
     """Judge, once each, whether the unplanned stops of ``node`` recorded lately handed back
     what the engine held, once the grace period after the stop has passed; the
     ``memory-not-returned`` events written. Cost: a few queries per unjudged stop."""
+    return _judge(node, [restart for restart in _open_and_recent(node, now)
+                         if restart.requested_at >= now - LOOKBACK - MERGE_WITHIN], now)
+
+
+def _judge(node: Node, restarts: list[Restart], now: datetime) -> list[Event]:
     grace = timedelta(seconds=settings.SPARKOPS_MEMORY_RETURN_GRACE_SECONDS)
-    restarts = Restart.objects.filter(node=node, kind=Restart.Kind.UNPLANNED,
-                                      requested_at__gte=now - LOOKBACK - MERGE_WITHIN) \
-        .select_related("engine")
     written = []
     for restart in restarts:
         if "memory_return" in (restart.after or {}):
