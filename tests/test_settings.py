@@ -90,3 +90,20 @@ def test_malformed_setting_stops_startup_with_its_name(tmp_path):
 
     assert result.returncode != 0
     assert "SPARKOPS_COLLECT_INTERVAL='5s': expected a number" in result.stderr
+
+
+def test_a_sqlite_connection_is_kept_with_a_small_page_cache_in_wal_mode(tmp_path):
+    # A fresh process on a file database, as the stack opens it: the PRAGMAs of every
+    # connection, and how long it is kept.
+    script = ("from django.db import connection; c = connection.cursor(); "
+              "print(c.execute('PRAGMA journal_mode').fetchone()[0], "
+              "c.execute('PRAGMA cache_size').fetchone()[0], "
+              "c.execute('PRAGMA synchronous').fetchone()[0], "
+              "connection.settings_dict['CONN_MAX_AGE'])")
+    env = subprocess_env(SPARKOPS_DATA_DIR=str(tmp_path),
+                         DJANGO_SETTINGS_MODULE="sparkops.settings")
+    env.pop("DATABASE_URL", None)
+    result = subprocess.run([sys.executable, "-c", f"import django; django.setup(); {script}"],
+                            cwd=PROJECT, env=env, capture_output=True, text=True, check=True)
+    # WAL; 1 MiB of cache (negative: KiB); synchronous NORMAL (1); kept a minute.
+    assert result.stdout.split() == ["wal", "-1024", "1", "60"]
