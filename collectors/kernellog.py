@@ -947,7 +947,8 @@ def collect_kernel_log(node: Node, path: Path, *, proc_root: Path = Path("/proc"
        is counted once more.
 
     Cost: one read per record (a fresh reader also skips those read before), one or two
-    queries per recognised line, one small file written.
+    queries per recognised line, one small file written. A run that finds nothing new (most
+    of them) opens no transaction and leaves the state file as it is.
     """
     with only_run(path.with_name(f"{path.name}.lock")) as held:
         if not held:
@@ -964,25 +965,29 @@ def collect_kernel_log(node: Node, path: Path, *, proc_root: Path = Path("/proc"
         stored_before = state.rereading_after
         if read.fresh and stored_before is None:
             stored_before = Event.objects.aggregate(last=Max("pk"))["last"] or 0
-        with transaction.atomic():
-            if (read.source, read.note) != (state.source, state.source_note):
-                _tell_source(node, read, read_at)
-            if read.lost or read.overwritten_reads:
-                _tell_gap(node, read, read_at)
-            for record in read.records:
-                finding = classify(record.message)
-                if finding is None:
-                    continue
-                outcome = store_finding(node, finding, record, clock, proc_root=proc_root,
-                                        read_at=read_at, stored_before=stored_before)
-                created += outcome == "created"
-                folded += outcome == "folded"
-        save_state(path, replace(
+        source_changed = (read.source, read.note) != (state.source, state.source_note)
+        if source_changed or read.lost or read.overwritten_reads or read.records:
+            with transaction.atomic():
+                if source_changed:
+                    _tell_source(node, read, read_at)
+                if read.lost or read.overwritten_reads:
+                    _tell_gap(node, read, read_at)
+                for record in read.records:
+                    finding = classify(record.message)
+                    if finding is None:
+                        continue
+                    outcome = store_finding(node, finding, record, clock, proc_root=proc_root,
+                                            read_at=read_at, stored_before=stored_before)
+                    created += outcome == "created"
+                    folded += outcome == "folded"
+        new_state = replace(
             state, source=read.source, source_note=read.note,
             kmsg_seq=read.kmsg_seq if read.source == "kmsg" else state.kmsg_seq,
             journal_cursor=(read.journal_cursor if read.source == "journal"
                             else state.journal_cursor),
-            rereading_after=stored_before if read.more else None))
+            rereading_after=stored_before if read.more else None)
+        if new_state != state or not path.exists():
+            save_state(path, new_state)
     lost = sum(last - first + 1 for first, last in read.lost)
     return KernelLogRun(read.source, len(read.records), created, folded, lost, read.more,
                         read.note)

@@ -468,6 +468,28 @@ def test_without_kmsg_the_journal_is_read_after_its_cursor_and_the_source_is_sai
 
 
 @pytest.mark.django_db
+def test_a_run_that_finds_nothing_new_touches_neither_the_database_nor_its_state(
+        node, tmp_path, django_assert_num_queries):
+    journalctl, _ = fake_journalctl(tmp_path, journal_rows()[:2])
+    state = tmp_path / "kernel-log-spark-a.json"
+    collect_kernel_log(node, state, proc_root=tmp_path, kmsg=tmp_path / "no-kmsg",
+                       journalctl=journalctl)
+    written = state.stat()
+    state.touch()  # a write since would be seen as a change of the file's times
+    before = state.stat()
+    assert json.loads(state.read_text())["journal_cursor"]
+
+    with django_assert_num_queries(0):
+        run = collect_kernel_log(node, state, proc_root=tmp_path, kmsg=tmp_path / "no-kmsg",
+                                 journalctl=journalctl)
+
+    assert (run.source, run.records) == ("journal", 0)
+    after = state.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert written.st_size == after.st_size
+
+
+@pytest.mark.django_db
 def test_when_neither_source_can_be_read_the_node_says_so_once(node, tmp_path):
     journalctl, _ = fake_journalctl(tmp_path, [], fail="Failed to open journal: Permission denied")
     state = tmp_path / "kernel-log-spark-a.json"

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import Q
+
 from collectors.fitplan import Figure, headroom_after, held_now
 from collectors.models import Engine, EngineStart, Node
 from collectors.starts import accuracy_text
@@ -83,9 +85,9 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
                       ledger.get("mem_total") or node.mem_total_bytes)
     by_id = {engine.pk: engine for engine in engines}
     shares = {share["engine_id"]: share for share in ledger.get("engines", [])}
-    threats = _threats(node, ledger, shares, by_id)
+    open_starts, settled = _starts(node, now)
+    threats = _threats(ledger, open_starts, shares, by_id)
     starting = {threat.engine.pk for threat in threats}
-    settled = _latest_settled(node, now)
     conditions: list[Condition] = []
     for share in ledger.get("engines", []):
         engine = by_id.get(share["engine_id"])
@@ -109,11 +111,23 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
     return conditions
 
 
-def _threats(node: Node, ledger: dict, shares: dict[int, dict],
+def _starts(node: Node, now: datetime) -> tuple[list[EngineStart], EngineStart | None]:
+    """The node's predicted starts still loading (latest seen first), and the one that settled
+    last within ``SETTLE_WITHIN`` (None without one). One query."""
+    starts = list(EngineStart.objects.filter(
+        Q(outcome=EngineStart.Outcome.STARTING) | Q(finished_at__gte=now - SETTLE_WITHIN),
+        node=node,
+    ).exclude(predicted={}).select_related("engine"))
+    loading = [start for start in starts if start.outcome == EngineStart.Outcome.STARTING]
+    settled = max((start for start in starts if start.outcome != EngineStart.Outcome.STARTING
+                   and start.finished_at is not None and start.finished_at >= now - SETTLE_WITHIN),
+                  key=lambda start: (start.finished_at, start.pk), default=None)
+    return loading, settled
+
+
+def _threats(ledger: dict, open_starts: list[EngineStart], shares: dict[int, dict],
              by_id: dict[int, Engine]) -> list[Threat]:
     threats = []
-    open_starts = EngineStart.objects.filter(node=node, outcome=EngineStart.Outcome.STARTING) \
-        .exclude(predicted={})
     for start in open_starts:
         engine = by_id.get(start.engine_id)
         held = (start.predicted.get("held") or {}).get("value")
@@ -128,12 +142,6 @@ def _threats(node: Node, ledger: dict, shares: dict[int, dict],
             else host + now_held.value - held  # type: ignore[operator]
         threats.append(Threat(start, engine, now_held, held, room, host_after))
     return threats
-
-
-def _latest_settled(node: Node, now: datetime) -> EngineStart | None:
-    return (EngineStart.objects.filter(node=node, finished_at__gte=now - SETTLE_WITHIN)
-            .exclude(outcome=EngineStart.Outcome.STARTING).exclude(predicted={})
-            .select_related("engine").order_by("-finished_at", "-pk").first())
 
 
 def _prefill_condition(node: Node, engine: Engine, share: dict, threat: Threat, margin: int,
