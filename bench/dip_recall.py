@@ -80,8 +80,8 @@ touched = time.time()
 time.sleep(hold / 2)
 during = available()
 time.sleep(max(hold - (time.time() - touched), 0))
+del block  # returned to the kernel (munmap) before this returns: held until then
 released = time.time()
-del block
 print(json.dumps({"before": before, "during": during, "started": started,
                   "touched": touched, "released": released}), flush=True)
 """

@@ -250,8 +250,8 @@ touched = time.time()
 time.sleep(0.25)
 during = available()
 time.sleep(max(0.5 - (time.time() - touched), 0))
+del block  # returned to the kernel (munmap) before this returns: held until then
 released = time.time()
-del block
 print(json.dumps({"before": before, "during": during, "started": started,
                   "released": released}), flush=True)
 """

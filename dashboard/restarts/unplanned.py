@@ -70,7 +70,7 @@ def record_unplanned_restarts(node: Node, now: datetime) -> list[Restart]:
     Cost, on a pass that finds nothing new: two queries (the node's open and recent unplanned
     restarts, read once for every step of the pass, and its recent events)."""
     restarts = _open_and_recent(node, now)
-    since = now - LOOKBACK - MERGE_WITHIN
+    since = _recent_since(now)
     seen_ids = {event_id for restart in restarts if restart.requested_at >= since
                 for event_id in (restart.container_state or {}).get("event_ids", [])}
     events = Event.objects.filter(node=node, kind__in=WATCHED_EVENTS, engine__isnull=False,
@@ -88,11 +88,17 @@ def record_unplanned_restarts(node: Node, now: datetime) -> list[Restart]:
     return written
 
 
+def _recent_since(now: datetime) -> datetime:
+    """Since when an unplanned restart is recent: the look-back and the merge window before it
+    (an exit merged with a later restart keeps the exit's time)."""
+    return now - LOOKBACK - MERGE_WITHIN
+
+
 def _open_and_recent(node: Node, now: datetime) -> list[Restart]:
-    """The unplanned restarts of ``node`` whose startup is still open, or requested within the
-    look-back (and the merge window before it), with their engines. One query."""
+    """The unplanned restarts of ``node`` whose startup is still open, or recent
+    (:func:`_recent_since`), with their engines. One query."""
     return list(Restart.objects.filter(
-        Q(startup_seconds__isnull=True) | Q(requested_at__gte=now - LOOKBACK - MERGE_WITHIN),
+        Q(startup_seconds__isnull=True) | Q(requested_at__gte=_recent_since(now)),
         node=node, kind=Restart.Kind.UNPLANNED,
     ).select_related("engine"))
 
@@ -147,8 +153,9 @@ def judge_memory_returns(node: Node, now: datetime) -> list[Event]:
     """Judge, once each, whether the unplanned stops of ``node`` recorded lately handed back
     what the engine held, once the grace period after the stop has passed; the
     ``memory-not-returned`` events written. Cost: a few queries per unjudged stop."""
+    since = _recent_since(now)
     return _judge(node, [restart for restart in _open_and_recent(node, now)
-                         if restart.requested_at >= now - LOOKBACK - MERGE_WITHIN], now)
+                         if restart.requested_at >= since], now)
 
 
 def _judge(node: Node, restarts: list[Restart], now: datetime) -> list[Event]:
