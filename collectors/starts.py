@@ -37,6 +37,8 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from django.db.models import Q
+
 from collectors.fitplan import Figure, History, Plan, PlanError, PlanRequest, plan
 from collectors.ledger import LOADING_PHASES, engine_share
 from collectors.models import Engine, EngineStart, Node
@@ -65,12 +67,15 @@ BYTE_FIGURES = {"weights", "kv_pool", "cuda_graphs", "held", "prefill_need", "fr
 def observe_starts(node: Node, engines: Iterable[Engine], now: datetime) -> list[EngineStart]:
     """Open, predict and close the starts of ``node``'s present ``engines``; end the open
     starts of engines no longer present. Returns the starts still open (engines loading).
-    Cost: one query for the known starts, then a write per start that changed."""
+    Cost: one query for the present engines' starts and the node's open ones, then a write per
+    start that changed and one for the open starts that ended unseen, if any."""
     present = [engine for engine in engines
                # A model adopted from a router starts inside the router's container.
                if not (engine.config or {}).get("router")]
-    known = {(start.engine_id, start.identity): start for start in EngineStart.objects.filter(
-        node=node, identity__in=[engine.start_identity for engine in present])}
+    read = list(EngineStart.objects.filter(
+        Q(identity__in=[engine.start_identity for engine in present])
+        | Q(outcome=EngineStart.Outcome.STARTING), node=node))
+    known = {(start.engine_id, start.identity): start for start in read}
     seen_ids = set()
     still_open = []
     for engine in present:
@@ -87,9 +92,11 @@ def observe_starts(node: Node, engines: Iterable[Engine], now: datetime) -> list
         if start.outcome == EngineStart.Outcome.STARTING:
             still_open.append(start)
     # A start still open whose engine is gone, or that a newer start of its engine replaced.
-    (EngineStart.objects.filter(node=node, outcome=EngineStart.Outcome.STARTING)
-     .exclude(pk__in=seen_ids)
-     .update(outcome=EngineStart.Outcome.GONE, finished_at=now))
+    unseen = [start.pk for start in read
+              if start.outcome == EngineStart.Outcome.STARTING and start.pk not in seen_ids]
+    if unseen:
+        (EngineStart.objects.filter(pk__in=unseen, outcome=EngineStart.Outcome.STARTING)
+         .update(outcome=EngineStart.Outcome.GONE, finished_at=now))
     return still_open
 
 

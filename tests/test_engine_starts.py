@@ -13,6 +13,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from collectors.ledger import build_ledger
@@ -126,6 +128,22 @@ def test_a_start_replaced_before_it_was_ready_is_gone_and_a_failed_one_failed(se
                                               container_id="x" * 64)
     observe_starts(node, list(node.engines.all()), T0 + timedelta(minutes=3))
     assert not gemma.starts.filter(identity__startswith="x" * 64).exists()
+
+
+def test_a_cycle_reads_the_starts_once_and_writes_only_a_start_that_ended(seed):
+    node, gemma, nemotron = seed
+    _recreate(nemotron, "24G", T0)
+    observe_starts(node, [gemma, nemotron], T0)
+    loading = nemotron.starts.get()
+    with CaptureQueriesContext(connection) as steady:
+        observe_starts(node, [gemma, nemotron], T0 + timedelta(seconds=5))
+    starts_sql = [q["sql"] for q in steady.captured_queries if "enginestart" in q["sql"]]
+    assert len(starts_sql) == 1 and starts_sql[0].startswith("SELECT"), starts_sql
+    # The engine vanished from the node (not merely stopped): its open start ended unseen.
+    observe_starts(node, [gemma], T0 + timedelta(seconds=10))
+    loading.refresh_from_db()
+    assert loading.outcome == EngineStart.Outcome.GONE
+    assert loading.finished_at == T0 + timedelta(seconds=10)
 
 
 def test_history_corrects_weights_time_to_ready_and_free_memory_at_boot(seed):

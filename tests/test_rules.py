@@ -249,6 +249,25 @@ def test_a_prefill_stall_that_ends_is_an_event_with_its_duration(node):
     assert event.engine == engine and "stalled for 83 s" in event.message
 
 
+def test_a_round_of_a_beating_node_reads_its_open_alerts_once(node):
+    """The hold, the lifecycle and the stalls that ended share one read of the open alerts."""
+    import re
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    _engine(node, "gemma", 8.0)
+    node.ledger = {"mem_total": int(121.69 * GIB), "mem_available": 40 * GIB, "engines": []}
+    node.heartbeat_at = T0  # beating: the hold asks for an open node-unreachable alert
+    node.save()
+    alert_reads = re.compile(r'^SELECT .* FROM "dashboard_alert"\s')
+    for round_at in (T0, T0 + timedelta(seconds=5)):
+        with CaptureQueriesContext(connection) as captured:
+            run_alerts(node, round_at)
+        reads = [q["sql"] for q in captured.captured_queries if alert_reads.match(q["sql"])]
+        assert len(reads) == 1, reads
+
+
 def test_causes_are_net_growth_per_component_not_the_biggest_single_step(node):
     from collectors.models import LedgerChange
 

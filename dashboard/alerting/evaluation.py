@@ -22,8 +22,9 @@ from datetime import datetime, timedelta
 
 from collectors.heartbeat import is_unreachable
 from collectors.models import Engine, Node
+from dashboard.alerting import restart_reads
 from dashboard.alerting.conditions import Condition
-from dashboard.alerting.models import OPEN_STATES, Alert
+from dashboard.alerting.lifecycle import OpenAlert, open_alerts_of
 from dashboard.alerting.recent import one_read
 from dashboard.alerting.rules import RULES
 from dashboard.alerting.rules.node_unreachable import NAME as NODE_UNREACHABLE
@@ -51,15 +52,16 @@ def evaluate_rules(node: Node, now: datetime, *, held: str | None = None) -> Eva
     Cost: one query for the settings of every rule (read once for the round, including the
     rules that read another rule's settings) and one for the engines, plus each rule's
     own queries, the engines' recent samples read once per metric for all rules
-    (``dashboard.alerting.recent``); for a node that beats, one more for its open
-    node-unreachable alert.
+    (``dashboard.alerting.recent``) and the node's restarts once for the rules that judge them
+    (``dashboard.alerting.restart_reads``); for a node that beats, one more for its open
+    node-unreachable alert, unless the caller passes ``held``.
     """
     if held is None:
         held = contact_hold(node, now)
     ledger = node.ledger or {}
     engines = list(Engine.objects.filter(node=node, present=True))
     result = Evaluation(held=held)
-    with read_once(), one_read(engines):
+    with read_once(), one_read(engines), restart_reads.one_read():
         settings = all_rule_settings()
         for name, rule in RULES.items():
             if not settings[name].enabled or (held and name != NODE_UNREACHABLE):
@@ -70,21 +72,25 @@ def evaluate_rules(node: Node, now: datetime, *, held: str | None = None) -> Eva
     return result
 
 
-def contact_hold(node: Node, now: datetime) -> str:
+def contact_hold(node: Node, now: datetime,
+                 open_alerts: list[OpenAlert] | None = None) -> str:
     """Why ``node``'s rules other than node-unreachable must not judge its stored figures now:
     :data:`UNREACHABLE`, :data:`RETURNING` (its node-unreachable alert is still open and no
     collection finished since that alert opened), or "" when they may.
 
     The last collection is stamped with the node's clock; it is put on the centre's with the
-    skew of the node's latest beat. Cost: no query for a node that never beat or is
-    unreachable, else one.
+    skew of the node's latest beat. ``open_alerts`` are the node's open alerts, when the
+    caller read them (``lifecycle.open_alerts_of``). Cost: no query for a node that never beat
+    or is unreachable, or when ``open_alerts`` is passed; else one.
     """
     if node.heartbeat_at is None:
         return ""
     if is_unreachable(node, now):
         return UNREACHABLE
-    opened = Alert.objects.filter(node=node, rule=NODE_UNREACHABLE, state__in=OPEN_STATES) \
-        .values_list("started_at", flat=True).first()
+    if open_alerts is None:
+        open_alerts = open_alerts_of(node)
+    opened = next((alert.started_at for alert in open_alerts
+                   if alert.rule == NODE_UNREACHABLE), None)
     if opened is None:
         return ""
     collected = node.last_collection_at

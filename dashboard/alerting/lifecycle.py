@@ -97,6 +97,22 @@ class Notice:
 NoticeSink = Callable[[Notice], None]
 
 
+@dataclass(frozen=True)
+class OpenAlert:
+    """An alert open when a round began: what the round needs of it without its row."""
+
+    pk: int
+    rule: str
+    scope: str
+    started_at: datetime
+
+
+def open_alerts_of(node: Node) -> list[OpenAlert]:
+    """The alerts of ``node`` open now (pending or firing). One query."""
+    return [OpenAlert(*row) for row in Alert.objects.filter(node=node, state__in=OPEN_STATES)
+            .values_list("pk", "rule", "scope", "started_at")]
+
+
 def evaluate(
     node: Node,
     conditions: list[Condition],
@@ -104,6 +120,7 @@ def evaluate(
     *,
     evaluated_rules: set[str] | None = None,
     on_notice: NoticeSink | None = None,
+    open_alerts: list[OpenAlert] | None = None,
 ) -> list[Notice]:
     """Apply one evaluation round of ``node``'s rules to its alerts; return the notices due.
 
@@ -118,11 +135,13 @@ def evaluate(
     node cannot open the same alert twice (the unique constraint on open scopes is the last
     line: a losing insert is retried against the winner's row). ``on_notice`` runs inside that
     transaction (see the module docstring); if it raises, that alert's change is rolled back and
-    the exception propagates.
+    the exception propagates. ``open_alerts`` are the node's alerts open when the round began
+    (:func:`open_alerts_of`), for a caller that read them before its rules ran; read here when
+    None.
 
-    Cost: three queries up front, then a few per open alert and per condition that crosses its
-    threshold; a condition with no open alert that does not cross costs none (its scope had no
-    open alert when the round began).
+    Cost: three queries up front (two when ``open_alerts`` is passed), then a few per open
+    alert and per condition that crosses its threshold; a condition with no open alert that
+    does not cross costs none (its scope had no open alert when the round began).
     Raises ValueError for a condition of another node or a repeated scope, and
     :class:`~dashboard.alerting.settings.UnknownRule` for a rule not in the rule settings, before
     changing anything.
@@ -130,11 +149,11 @@ def evaluate(
     settings = all_rule_settings()
     _check_conditions(node, conditions, settings)
     silences = list(Silence.objects.active(now).for_node(node))
-    # (pk, rule, scope) of the alerts open when the round began: read once, for the scopes a
-    # condition must match and for the leftovers resolved at its end.
-    open_alerts = list(Alert.objects.filter(node=node, state__in=OPEN_STATES)
-                       .values_list("pk", "rule", "scope"))
-    open_scopes = {scope for _, _, scope in open_alerts}
+    # The alerts open when the round began: read once, for the scopes a condition must match
+    # and for the leftovers resolved at its end.
+    if open_alerts is None:
+        open_alerts = open_alerts_of(node)
+    open_scopes = {alert.scope for alert in open_alerts}
     round_ = _Round(node, now, silences, on_notice)
     notices: list[Notice] = []
     for condition in conditions:
@@ -359,20 +378,20 @@ class _Round:
 
     # --- alerts without a condition this round ----------------------------------------------
 
-    def resolve_leftovers(self, open_alerts: list[tuple[int, str, str]], scopes: set[str],
+    def resolve_leftovers(self, open_alerts: list[OpenAlert], scopes: set[str],
                           rules_run: set[str],
                           settings: dict[str, EffectiveSetting]) -> list[Notice]:
         """Resolve open alerts of disabled rules, and of run rules whose scope has gone.
 
-        ``open_alerts``: (pk, rule, scope) of those open when the round began. One opened in
-        the round has a condition (its scope is in ``scopes``); one resolved meanwhile by
-        another evaluator is found so by the locked re-read."""
+        ``open_alerts``: those open when the round began. One opened in the round has a
+        condition (its scope is in ``scopes``); one resolved meanwhile by another evaluator is
+        found so by the locked re-read."""
         notices: list[Notice] = []
-        for pk, rule, scope in open_alerts:
-            setting = settings.get(rule)
+        for open_alert in open_alerts:
+            setting = settings.get(open_alert.rule)
             if setting is not None and not setting.enabled:
                 reason, message = ResolveReason.RULE_DISABLED, "the rule was disabled"
-            elif rule in rules_run and scope not in scopes:
+            elif open_alert.rule in rules_run and open_alert.scope not in scopes:
                 reason, message = (ResolveReason.NO_LONGER_APPLIES,
                                    "the rule ran without a condition for this scope "
                                    "(e.g. the engine is gone)")
@@ -381,7 +400,7 @@ class _Round:
             with transaction.atomic():
                 # Re-read under lock: another evaluator may have resolved it meanwhile.
                 alert = Alert.objects.select_for_update() \
-                    .filter(pk=pk, state__in=OPEN_STATES).first()
+                    .filter(pk=open_alert.pk, state__in=OPEN_STATES).first()
                 notice = self._resolve(alert, reason, message) if alert else None
             if notice:
                 notices.append(notice)

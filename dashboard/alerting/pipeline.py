@@ -15,9 +15,10 @@ from django.db.models import Q
 from collectors.heartbeat import unreachable_after_seconds
 from collectors.models import Event, Node
 from dashboard.alerting.evaluation import contact_hold, evaluate_rules
-from dashboard.alerting.lifecycle import Notice, alert_as_dict, evaluate
+from dashboard.alerting.lifecycle import Notice, alert_as_dict, evaluate, open_alerts_of
 from dashboard.alerting.models import OPEN_STATES, Alert
 from dashboard.alerting.rules.node_unreachable import NAME as NODE_UNREACHABLE
+from dashboard.alerting.rules.prefill_stall import RULE as PREFILL_STALL
 from dashboard.alerting.settings import read_once
 from dashboard.notify.outbox import enqueue
 from dashboard.notify.payloads import build_alert_message
@@ -30,15 +31,21 @@ def run_alerts(node: Node, now: datetime) -> list[Notice]:
     A node out of contact is held (``dashboard.alerting.evaluation``): only node-unreachable
     is evaluated, and its stored events are not turned into unplanned restarts nor judged for
     memory not returned until its figures are current again: judged from samples that stopped
-    when it went silent, its memory would look as if it never came back."""
-    held = contact_hold(node, now)
+    when it went silent, its memory would look as if it never came back.
+
+    The node's open alerts are read once, first, for the hold, the lifecycle and the stalls
+    that ended (only a prefill-stall alert open when the round began can end in it)."""
+    open_alerts = open_alerts_of(node)
+    held = contact_hold(node, now, open_alerts)
     if not held:  # first: the rules read the restarts it records
         record_unplanned_restarts(node, now)
     with read_once():  # the rules and the lifecycle judge by one read of the settings
         round_ = evaluate_rules(node, now, held=held)
         notices = evaluate(node, round_.conditions, now, evaluated_rules=round_.evaluated,
-                           on_notice=lambda notice: queue_notice(notice, node, now))
-    _record_stalls(node, now)
+                           on_notice=lambda notice: queue_notice(notice, node, now),
+                           open_alerts=open_alerts)
+    if any(alert.rule == PREFILL_STALL.name for alert in open_alerts):
+        _record_stalls(node, now)
     return notices
 
 
@@ -66,7 +73,7 @@ def queue_notice(notice: Notice, node: Node, now: datetime) -> None:
 
 def _record_stalls(node: Node, now: datetime) -> None:
     """A prefill stall that ended becomes an event on the engine's timeline, with its length."""
-    ended = Alert.objects.filter(node=node, rule="prefill-stall", resolved_at=now,
+    ended = Alert.objects.filter(node=node, rule=PREFILL_STALL.name, resolved_at=now,
                                  engine__isnull=False).select_related("engine")
     Event.objects.bulk_create([
         Event(node=node, engine=alert.engine, at=alert.started_at, kind="prefill-stall",

@@ -173,6 +173,8 @@ RETURN_TOLERANCE_FRACTION = 0.05
 # (limit less its working set).
 HOST, BUDGET = "host", "budget"
 ROOM_WORDS = {HOST: "MemAvailable", BUDGET: "the memory budget's room"}
+# The verdict on a stop whose memory did not come back (``after["memory_return"]["verdict"]``).
+NOT_RETURNED = "not returned"
 
 
 def returned_by_stop(share: EngineShare, *, gpu_seen: int | None

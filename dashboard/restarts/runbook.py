@@ -142,6 +142,7 @@ from dashboard.restarts.dispatch import (
 from dashboard.restarts.fit import (
     BUDGET,
     HOST,
+    NOT_RETURNED,
     PRECHECK_MARGIN_FRACTION,
     ROOM_WORDS,
     Fit,
@@ -647,12 +648,12 @@ class _Run:
                 f"What {self.engine.name} held ({held}) came back within {waited:.0f} s "
                 f"({seen})."))
         else:
-            data.update(verdict="not returned", why="", words=(
+            data.update(verdict=NOT_RETURNED, why="", words=(
                 f"{size_text(account.missing)} of what {self.engine.name} held ({held}) was "
                 f"still missing {waited:.0f} s after it stopped ({seen})."))
         note.data["memory_return"] = data
         self.memory_return = data
-        if data["verdict"] != "not returned":
+        if data["verdict"] != NOT_RETURNED:
             return
         missing = size_text(account.missing)
         data["text"] = (f"{self.engine.name}: memory not returned: {missing} of what it held "

@@ -37,6 +37,7 @@ from collectors.readings import ENGINE
 from dashboard.restarts.fit import (
     BUDGET,
     HOST,
+    NOT_RETURNED,
     ROOM_WORDS,
     MemoryReturn,
     engines_held,
@@ -171,7 +172,7 @@ def _judge(node: Node, restarts: list[Restart], now: datetime) -> list[Event]:
         judgement = judge_stop(node, restart.engine, stop, now)
         restart.after = {**(restart.after or {}), "memory_return": judgement}
         restart.save(update_fields=["after"])
-        if judgement["verdict"] == "not returned":
+        if judgement["verdict"] == NOT_RETURNED:
             written.append(Event.objects.create(
                 node=node, engine=restart.engine, at=now, kind=MEMORY_NOT_RETURNED,
                 severity=Event.Severity.WARNING, message=judgement["text"]))
@@ -246,7 +247,7 @@ def judge_stop(node: Node, engine: Engine, stop: Event, now: datetime) -> dict[s
             f"({size_text(held)}) is still missing {base['waited_seconds']:.0f} s after it "
             f"stopped ({words} {size_text(missing.best)}, expected "
             f"{size_text(missing.expected)} ± {size_text(missing.tolerance)}).")
-    return {**base, **missing.as_dict(), "verdict": "not returned", "why": "", "text": text}
+    return {**base, **missing.as_dict(), "verdict": NOT_RETURNED, "why": "", "text": text}
 
 
 def _account(node: Node, source: str, held: int, serving: tuple[datetime, datetime],

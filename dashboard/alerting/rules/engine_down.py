@@ -10,6 +10,7 @@ from typing import Any
 
 from collectors.models import Engine, Node
 from dashboard.alerting.conditions import Condition
+from dashboard.alerting.restart_reads import judged_restarts
 from dashboard.alerting.rules.base import Rule, endpoints_label
 from dashboard.restarts.models import Restart
 
@@ -41,9 +42,14 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
 
 
 def _planned_restarts_in_progress(node: Node, now: datetime) -> set[int]:
-    """Engines of ``node`` in a planned restart that has not passed its deadline (one query)."""
-    running = Restart.objects.filter(node=node, kind="planned", status="running")
-    return {r.engine_id for r in running if r.deadline is None or r.deadline > now}
+    """Engines of ``node`` in a planned restart that has not passed its deadline (at most one
+    query: ``dashboard.alerting.restart_reads``)."""
+    return {r.engine_id for r in judged_restarts(node, _planned_and_running)
+            if r.deadline is None or r.deadline > now}
+
+
+def _planned_and_running(restart: Restart) -> bool:
+    return restart.kind == Restart.Kind.PLANNED and restart.status == Restart.Status.RUNNING
 
 
 def _down_reason(engine: Engine) -> str:

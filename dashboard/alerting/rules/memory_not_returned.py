@@ -24,36 +24,47 @@ from typing import Any
 from collectors.flightrecorder import HOST_REBOOTED, UNEXPECTED_REBOOT
 from collectors.models import Engine, Event, Node
 from dashboard.alerting.conditions import Condition
+from dashboard.alerting.restart_reads import judged_restarts
 from dashboard.alerting.rules.base import Rule, ThresholdSpec
-from dashboard.restarts.fit import BUDGET, ROOM_WORDS, MemoryReturn, engines_held, missing_now
+from dashboard.restarts.fit import (
+    BUDGET,
+    NOT_RETURNED,
+    ROOM_WORDS,
+    MemoryReturn,
+    engines_held,
+    missing_now,
+)
 from dashboard.restarts.models import Restart
 from sparkops.timetext import moment_text
 from sparkops.units import gib, size_text
-
-NOT_RETURNED = "not returned"
-# How long before its stop a restart can have started: the runbook's pre-check and drain.
-STARTED_BEFORE_STOP = timedelta(hours=1)
 
 
 def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
              now: datetime) -> list[Condition]:
     """One condition per engine of ``node`` whose latest stop within the rule's memory left
-    memory missing; none for the others. Cost: two queries, and one per verdict for reboots."""
+    memory missing; none for the others. Cost: at most one query for the restarts (none when
+    the round has read them, ``dashboard.alerting.restart_reads``), and one per verdict for
+    reboots."""
     since = now - timedelta(hours=t["remember_hours"])
     latest: dict[int, tuple[Restart, dict[str, Any]]] = {}
-    # A stop comes soon after its restart started (the runbook's drain; an unplanned restart
-    # starts at the stop), so rows started well before the memory cannot hold a recent one.
-    for restart in Restart.objects.filter(node=node, started_at__gte=since - STARTED_BEFORE_STOP) \
-            .select_related("engine").order_by("started_at", "pk"):
-        verdict = (restart.after or {}).get("memory_return") or {}
+    for restart in sorted(judged_restarts(node, _not_returned), key=_started):
+        verdict = restart.after["memory_return"]
         stopped_at = verdict.get("stopped_at")
-        if verdict.get("verdict") != NOT_RETURNED or not verdict.get("accounts") \
-                or not stopped_at or datetime.fromisoformat(stopped_at) < since:
+        if not verdict.get("accounts") or not stopped_at \
+                or datetime.fromisoformat(stopped_at) < since:
             continue
         latest[restart.engine_id] = (restart, verdict)
     held_now = engines_held(engines)
     return [_condition(node, ledger, restart, verdict, held_now, t)
             for restart, verdict in latest.values()]
+
+
+def _not_returned(restart: Restart) -> bool:
+    return ((restart.after or {}).get("memory_return") or {}).get("verdict") == NOT_RETURNED
+
+
+def _started(restart: Restart) -> tuple[datetime, int]:
+    return restart.started_at or restart.requested_at, restart.pk
 
 
 def _condition(node: Node, ledger: dict, restart: Restart, verdict: dict[str, Any],

@@ -8,6 +8,7 @@ from typing import Any
 
 from collectors.models import Engine, Node
 from dashboard.alerting.conditions import Condition
+from dashboard.alerting.restart_reads import ENDED_BADLY
 from dashboard.alerting.rules.base import Rule, ThresholdSpec
 from dashboard.alerting.rules.restart_history import latest_restart_conditions
 from dashboard.restarts.models import Restart
@@ -16,10 +17,12 @@ from dashboard.restarts.models import Restart
 def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
              now: datetime) -> list[Condition]:
     """A planned restart that failed, was interrupted, or was aborted leaving the engine down."""
-    return latest_restart_conditions(
-        node, now, t["recent_minutes"], RULE.name,
-        {"kind": "planned", "status__in": ["failed", "interrupted", "aborted"]},
-        ignore=_aborted_while_serving)
+    return latest_restart_conditions(node, now, t["recent_minutes"], RULE.name,
+                                     _planned_and_ended_badly, ignore=_aborted_while_serving)
+
+
+def _planned_and_ended_badly(restart: Restart) -> bool:
+    return restart.kind == Restart.Kind.PLANNED and restart.status in ENDED_BADLY
 
 
 def _aborted_while_serving(restart: Restart) -> bool:

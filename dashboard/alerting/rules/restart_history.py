@@ -9,19 +9,21 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
 
 from collectors.models import Node
 from dashboard.alerting.conditions import Condition, Severity
+from dashboard.alerting.restart_reads import judged_restarts
 from dashboard.restarts.models import Restart
 
 
 def latest_restart_conditions(node: Node, now: datetime, minutes: float, rule: str,
-                              match: dict[str, Any], severity: Severity = "critical",
+                              which: Callable[[Restart], bool], severity: Severity = "critical",
                               ignore: Callable[[Restart], bool] | None = None,
                               ) -> list[Condition]:
-    """One condition per engine of ``node`` whose latest restart matching ``match`` (a filter
-    on Restart) is not ``ignore``d: active when it ended less than ``minutes`` ago. One query.
+    """One condition per engine of ``node`` whose latest restart for which ``which`` holds
+    (among the restarts rules judge, ``dashboard.alerting.restart_reads``) is not
+    ``ignore``d: active when it ended less than ``minutes`` ago. At most one query (none
+    when the round has read the node's restarts).
 
     The value counts the restarts of the engine's episode (see :func:`episode`) while it is
     active, and is 0 after; the summary says what happened each time, so a restart folded into
@@ -29,8 +31,7 @@ def latest_restart_conditions(node: Node, now: datetime, minutes: float, rule: s
     """
     since = now - timedelta(minutes=minutes)
     by_engine: dict[int, list[Restart]] = {}
-    for restart in Restart.objects.filter(node=node, **match).select_related("engine") \
-            .order_by("requested_at"):
+    for restart in judged_restarts(node, which):
         by_engine.setdefault(restart.engine_id, []).append(restart)
     conditions = []
     for engine_id, restarts in by_engine.items():

@@ -10,13 +10,17 @@ from collectors.models import Engine, Node
 from dashboard.alerting.conditions import Condition
 from dashboard.alerting.rules.base import Rule, ThresholdSpec
 from dashboard.alerting.rules.restart_history import latest_restart_conditions
+from dashboard.restarts.models import Restart
 
 
 def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
              now: datetime) -> list[Condition]:
     """An engine restarted behind SparkOps' back recently (one condition per engine)."""
-    return latest_restart_conditions(node, now, t["recent_minutes"], RULE.name,
-                                     {"kind": "unplanned"})
+    return latest_restart_conditions(node, now, t["recent_minutes"], RULE.name, _unplanned)
+
+
+def _unplanned(restart: Restart) -> bool:
+    return restart.kind == Restart.Kind.UNPLANNED
 
 
 RULE = Rule(
