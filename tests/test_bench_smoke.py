@@ -32,6 +32,10 @@ SECTIONS = {
                    r"\d+ / \d+ / \d+ ms \(n=\d+\) \|",
     "## 7. Dip capture": r"\| `paced` \| \d+/\d+ \(\d+%\) \| \d+ / \d+ \(\d+\) MiB \|",
 }
+# Every target of the headline is judged, CPU while monitoring against the trio's included.
+JUDGED_TARGETS = (r"\| CPU while monitoring \(% of one core\) \| [\d.]+ % \| [\d.]+ % \| .* \| "
+                  r"≤ 2× the trio \| \*\*(met|missed)\*\* \|",
+                  r"no worse than the 13\.6 s median recorded before .*: \*\*(met|missed)\*\*")
 # The fleet's centre, measured: its CPU share and its memory.
 FLEET_CENTRE = (r"\| Central CPU \(web, worker with beat; % of one core\) \| [\d.]+ % .*\n"
                 r"\| Central memory: RSS sum; distinct resident pages \| \d+ MiB ")
@@ -51,5 +55,7 @@ def test_smoke_run_writes_every_section(tmp_path):
         assert heading in text, f"{heading} missing from the results"
         assert re.search(measured, text), f"{heading}: no figure in\n{text}"
     assert re.search(FLEET_CENTRE, text), f"the fleet's centre unmeasured in\n{text}"
+    for judged in JUDGED_TARGETS:
+        assert re.search(judged, text), f"not judged: {judged}"
     assert "Not measured" not in text
     assert "FAILED" not in text
