@@ -35,13 +35,17 @@ def unreachable_after_seconds() -> float:
 
 def beat(node_name: str, node_clock: datetime | None = None) -> None:
     """Record a beat of ``node_name``'s worker now: the centre's clock from the database, the
-    skew from ``node_clock`` (this process's clock when not given)."""
+    skew from ``node_clock`` (this process's clock when not given).
+
+    One read of the database's clock, then one write of both figures: a beat is recorded whole
+    or not at all, never a fresh beat beside the skew of an older one."""
     node_clock = node_clock or timezone.now()
-    Node.objects.filter(name=node_name).update(heartbeat_at=Now())
-    centre = Node.objects.filter(name=node_name).values_list("heartbeat_at", flat=True).first()
-    if centre is not None:
-        skew = (node_clock - centre).total_seconds()
-        Node.objects.filter(name=node_name).update(clock_skew_seconds=skew)
+    centre = Node.objects.filter(name=node_name).annotate(centre=Now()) \
+        .values_list("centre", flat=True).first()
+    if centre is None:  # no such node (yet): nothing to record
+        return
+    Node.objects.filter(name=node_name).update(
+        heartbeat_at=centre, clock_skew_seconds=(node_clock - centre).total_seconds())
 
 
 def contact_age_seconds(node: Node, now: datetime) -> float | None:
