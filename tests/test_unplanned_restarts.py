@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone as dj_timezone
 
 from collectors import docker_api
@@ -60,6 +62,49 @@ def test_startup_time_of_an_unplanned_restart_is_measured(node):
     record_unplanned_restarts(node, T0 + timedelta(seconds=600))
 
     assert Restart.objects.get().startup_seconds == 590
+
+
+def test_an_engine_ready_when_first_seen_again_takes_its_startup_from_its_log(node):
+    """Back within one collection interval (or while SparkOps was down): no "→ ready" phase
+    change was seen, and the startup its own log tells is the restart's."""
+    engine = _engine(node, started_at=T0, phase="ready", logs_read_at=T0 + timedelta(seconds=5),
+                     startup={"phase": "ready", "startup_seconds": 3.5})
+    _event(engine, "engine-restarted", T0 + timedelta(seconds=2))
+
+    record_unplanned_restarts(node, T0 + timedelta(seconds=6))
+
+    restart = Restart.objects.get()
+    assert restart.startup_seconds == 3.5
+    assert restart.finished_at == T0 + timedelta(seconds=3.5)
+    assert restart.after["startup"]["source"] == "log"
+
+
+def test_a_startup_neither_seen_nor_logged_is_unknown_and_not_looked_for_again(node):
+    engine = _engine(node, started_at=T0, phase="ready")  # its log was never read since
+    _event(engine, "engine-restarted", T0 + timedelta(seconds=2))
+    record_unplanned_restarts(node, T0 + timedelta(seconds=6))
+
+    restart = Restart.objects.get()
+    assert restart.startup_seconds is None and restart.finished_at is None
+    assert restart.after["startup"]["source"] is None
+    assert "unknown" in restart.after["startup"]["text"]
+    # Hours later, past the look-back: a pass reads nothing of it any more.
+    later = T0 + timedelta(hours=3)
+    with CaptureQueriesContext(connection) as queries:
+        record_unplanned_restarts(node, later)
+    assert not [q for q in queries if "collectors_event" in q["sql"]
+                and "phase-change" in q["sql"]]
+    assert Restart.objects.get().after == restart.after
+
+
+def test_a_log_of_an_earlier_start_does_not_time_this_one(node):
+    engine = _engine(node, started_at=T0, phase="ready", logs_read_at=T0 - timedelta(hours=2),
+                     startup={"phase": "ready", "startup_seconds": 600.0})
+    _event(engine, "engine-restarted", T0 + timedelta(seconds=2))
+
+    record_unplanned_restarts(node, T0 + timedelta(seconds=6))
+
+    assert Restart.objects.get().startup_seconds is None
 
 
 def test_a_planned_restart_explains_its_own_stop_and_start(node):

@@ -48,6 +48,7 @@ before its own) in which a crash loses a notice.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -255,6 +256,23 @@ def _is_cleared(condition: Condition) -> bool:
     return bool(condition.back_past_clear()) and not condition.crosses_threshold()
 
 
+class _Stored:
+    """An alert's columns as its round read them, so that a round which changes no state writes
+    back only what it changed: a firing alert is evaluated every collection, and mostly only its
+    evaluation time (and, when the rule refines them, its figures) moved."""
+
+    def __init__(self, alert: Alert) -> None:
+        # Copies, so that a JSON value changed in place still counts as changed.
+        self.columns = {field.attname: copy.deepcopy(getattr(alert, field.attname))
+                        for field in Alert._meta.concrete_fields if not field.primary_key}
+
+    def save_changes(self, alert: Alert) -> None:
+        changed = [name for name, value in self.columns.items()
+                   if getattr(alert, name) != value]
+        if changed:
+            alert.save(update_fields=changed)
+
+
 class _Round:
     """One evaluation round of one node: the time, its silences and where notices go."""
 
@@ -277,7 +295,7 @@ class _Round:
                         if condition.settled or not condition.crosses_threshold():
                             return []
                         alert = self._open(condition)
-                    notice = self._advance(alert, condition, setting)
+                    notice = self._advance(alert, condition, setting, _Stored(alert))
                     return [notice] if notice else []
             except IntegrityError:
                 # Another evaluator opened this scope between our read and our insert. The
@@ -300,15 +318,15 @@ class _Round:
                                 f"({alert.threshold_text})", None)
         return alert
 
-    def _advance(self, alert: Alert, condition: Condition,
-                 setting: EffectiveSetting) -> Notice | None:
+    def _advance(self, alert: Alert, condition: Condition, setting: EffectiveSetting,
+                 stored: _Stored) -> Notice | None:
         alert.last_evaluated_at = self.now
         if condition.settled:
             self._refresh(alert, condition)
             return self._resolve(alert, ResolveReason.SETTLED, condition.settled)
         if condition.value is None:
             alert.last_evaluation = "unknown"
-            alert.save(update_fields=["last_evaluated_at", "last_evaluation"])
+            stored.save_changes(alert)
             return None
         known = incidents(alert.details or {})
         self._refresh(alert, condition)
@@ -318,11 +336,11 @@ class _Round:
             held = (self.now - alert.started_at).total_seconds()
             if held >= setting.for_seconds - min(FOR_SLACK_SECONDS, setting.for_seconds / 10):
                 return self._fire(alert, setting)
-            alert.save()
+            stored.save_changes(alert)
             return None
         current = incidents(condition.details, condition.summary)
         news = tuple(text for key, text in current.items() if key not in known)
-        return self._remind(alert, setting, news)
+        return self._remind(alert, setting, stored, news)
 
     @staticmethod
     def _refresh(alert: Alert, condition: Condition) -> None:
@@ -349,12 +367,12 @@ class _Round:
                                 f"{message}; silenced by {silence}, no notice", None)
         return self._record(alert, AlertState.PENDING, message, "firing")
 
-    def _remind(self, alert: Alert, setting: EffectiveSetting,
+    def _remind(self, alert: Alert, setting: EffectiveSetting, stored: _Stored,
                 news: tuple[str, ...] = ()) -> Notice | None:
         """A still-firing alert: the held-back firing notice once unsilenced, an "updated"
         notice for new incidents, else a repeat when it is due."""
         if self._silence_for(alert) is not None:
-            alert.save()
+            stored.save_changes(alert)
             return None
         if alert.notify_count == 0:
             return self._record(alert, AlertState.FIRING,
@@ -367,7 +385,7 @@ class _Round:
         if since is not None and since >= setting.repeat_seconds:
             return self._record(alert, AlertState.FIRING,
                                 f"still firing after {since:.0f} s: repeat notice", "repeat")
-        alert.save()
+        stored.save_changes(alert)
         return None
 
     def _clear(self, alert: Alert, condition: Condition) -> Notice | None:

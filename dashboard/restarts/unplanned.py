@@ -4,7 +4,12 @@ The collectors only state facts (``engine-restarted``, ``engine-exited``, ``engi
 they become ``unplanned`` rows of the restart ledger, unless a planned restart of that engine
 explains them. An exit followed by a restart a little later is one unplanned restart, not two.
 Once the engine is ready again, the measured startup time is filled in, so unplanned restarts
-teach the learned startup time too.
+teach the learned startup time too: from the container's start to the "→ ready" phase change the
+collectors saw, else, for an engine already ready when they first saw it again (a start quicker
+than a collection interval, or one made while SparkOps was down), the startup its own log tells
+(its first line to ready; ``after["startup"]`` names that source). When the log tells none
+either, the startup is unknown and ``after["startup"]`` says why; it is not looked for again, so
+the restarts a pass re-reads stay the open and the recent ones.
 
 **Memory not returned.** An engine that stopped behind SparkOps' back should have handed back
 what it held (:func:`judge_memory_returns`): ``SPARKOPS_MEMORY_RETURN_GRACE_SECONDS`` after
@@ -60,6 +65,8 @@ PLANNED_SLACK = timedelta(seconds=60)
 STOP_EVENTS = ("engine-exited", "engine-gone")
 START_EVENTS = ("engine-restarted", "engine-discovered")
 MEMORY_NOT_RETURNED = "memory-not-returned"
+# Where an unplanned restart says how its startup was found when no phase change showed it.
+STARTUP = "startup"
 # The stored room figures of each room: (the room, its total for the tolerance).
 _ROOM_METRICS = {HOST: (Metric.MEM_AVAILABLE, None),
                  BUDGET: (Metric.MEMORY_BUDGET_ROOM, Metric.MEMORY_BUDGET_LIMIT)}
@@ -84,7 +91,7 @@ def record_unplanned_restarts(node: Node, now: datetime) -> list[Restart]:
         written.append(_record(event))
     if written:
         restarts = _open_and_recent(node, now)
-    _fill_startup_times(restart for restart in restarts if restart.startup_seconds is None)
+    _fill_startup_times(restart for restart in restarts if _startup_open(restart))
     _judge(node, [restart for restart in restarts if restart.requested_at >= since], now)
     return written
 
@@ -96,12 +103,20 @@ def _recent_since(now: datetime) -> datetime:
 
 
 def _open_and_recent(node: Node, now: datetime) -> list[Restart]:
-    """The unplanned restarts of ``node`` whose startup is still open, or recent
-    (:func:`_recent_since`), with their engines. One query."""
+    """The unplanned restarts of ``node`` whose startup is still open (:func:`_startup_open`),
+    or recent (:func:`_recent_since`), with their engines. One query."""
     return list(Restart.objects.filter(
-        Q(startup_seconds__isnull=True) | Q(requested_at__gte=_recent_since(now)),
+        Q(startup_seconds__isnull=True, finished_at__isnull=True) & ~Q(after__has_key=STARTUP)
+        | Q(requested_at__gte=_recent_since(now)),
         node=node, kind=Restart.Kind.UNPLANNED,
     ).select_related("engine"))
+
+
+def _startup_open(restart: Restart) -> bool:
+    """Whether the startup of an unplanned restart is still to be found: neither measured nor
+    said to be unknown."""
+    return restart.startup_seconds is None and restart.finished_at is None \
+        and STARTUP not in (restart.after or {})
 
 
 def _explained_by_plan(event: Event) -> bool:
@@ -134,7 +149,9 @@ def _record(event: Event) -> Restart:
 
 
 def _fill_startup_times(pending: Iterable[Restart]) -> None:
-    """Startup of an unplanned restart: container start → the engine's next "ready"."""
+    """Startup of an unplanned restart, once its engine is ready again: container start → the
+    "→ ready" phase change seen, else the startup the engine's log tells, else unknown (said
+    once, in ``after["startup"]``)."""
     for restart in pending:
         engine = restart.engine
         if engine.phase != "ready" or engine.started_at is None \
@@ -143,11 +160,33 @@ def _fill_startup_times(pending: Iterable[Restart]) -> None:
         ready = Event.objects.filter(engine=engine, kind="phase-change",
                                      message__endswith="→ ready",
                                      at__gte=engine.started_at).order_by("at").first()
-        if ready is None:
+        if ready is not None:
+            restart.startup_seconds = (ready.at - engine.started_at).total_seconds()
+            restart.finished_at = ready.at
+            restart.save(update_fields=["startup_seconds", "finished_at"])
             continue
-        restart.startup_seconds = (ready.at - engine.started_at).total_seconds()
-        restart.finished_at = ready.at
-        restart.save(update_fields=["startup_seconds", "finished_at"])
+        logged = _logged_startup_seconds(engine)
+        if logged is not None:
+            restart.startup_seconds = logged
+            restart.finished_at = engine.started_at + timedelta(seconds=logged)
+            restart.after = {**(restart.after or {}), STARTUP: {
+                "source": "log", "text": f"{engine.name} was ready when SparkOps saw it again; "
+                                         f"its log tells a startup of {logged:.0f} s"}}
+            restart.save(update_fields=["startup_seconds", "finished_at", "after"])
+            continue
+        restart.after = {**(restart.after or {}), STARTUP: {
+            "source": None, "text": f"{engine.name} was ready when SparkOps saw it again, and "
+                                    "its log tells no startup: how long it took is unknown"}}
+        restart.save(update_fields=["after"])
+
+
+def _logged_startup_seconds(engine: Engine) -> float | None:
+    """The startup (first line → ready) of the engine's current start, as its log tells it; None
+    when the log was not read since the start or tells none."""
+    if engine.logs_read_at is None or engine.logs_read_at < engine.started_at:
+        return None
+    seconds = (engine.startup or {}).get("startup_seconds")
+    return float(seconds) if isinstance(seconds, int | float) and seconds >= 0 else None
 
 
 def judge_memory_returns(node: Node, now: datetime) -> list[Event]:

@@ -7,7 +7,8 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from dashboard.alerting import lifecycle
 from dashboard.alerting.lifecycle import alert_as_dict, evaluate
@@ -258,6 +259,44 @@ def test_details_and_summary_follow_the_latest_evaluation(node):
     alert = Alert.objects.get()
     assert (alert.summary, alert.cause, alert.value) == \
         ("refined; cause: page cache", "page cache", 6.0)
+
+
+def _alert_writes(node, conditions, moment) -> list[str]:
+    """The UPDATE statements of the alert table one evaluation makes."""
+    with CaptureQueriesContext(connection) as queries:
+        evaluate(node, conditions, moment)
+    return [query["sql"] for query in queries
+            if query["sql"].startswith('UPDATE "dashboard_alert"')]
+
+
+def _set_columns(update: str) -> set[str]:
+    assignments = update.split(" SET ", 1)[1].split(" WHERE ", 1)[0]
+    return {part.split("=")[0].strip().strip('"') for part in assignments.split(", ")
+            if "=" in part and part.split("=")[0].strip().startswith('"')}
+
+
+def test_a_round_that_changes_nothing_but_the_evaluation_writes_only_its_time(node):
+    evaluate(node, [floor(node, 7.0)], at(0))
+    evaluate(node, [floor(node, 7.0)], at(30))  # fires
+    assert Alert.objects.get().state == "firing"
+
+    writes = _alert_writes(node, [floor(node, 7.0)], at(35))
+
+    assert len(writes) == 1
+    assert _set_columns(writes[0]) == {"last_evaluated_at"}
+    assert Alert.objects.get().last_evaluated_at == at(35)
+
+
+def test_a_refined_figure_of_a_steady_alert_is_written_with_its_time(node):
+    evaluate(node, [floor(node, 7.0)], at(0))
+
+    writes = _alert_writes(node, [floor(node, 6.5)], at(5))  # still pending, lower
+
+    assert len(writes) == 1
+    assert _set_columns(writes[0]) == {"last_evaluated_at", "value", "summary", "details"}
+    alert = Alert.objects.get()
+    assert (alert.state, alert.value, alert.details["mem_available_gib"]) == \
+        ("pending", 6.5, 6.5)
 
 
 def test_vanished_scope_resolves_as_no_longer_applies(node):

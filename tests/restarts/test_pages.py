@@ -248,6 +248,26 @@ def test_the_restart_page_polls_its_json_and_lists_steps_and_audit(viewer_client
     assert "plan-restart" in page and "default (no history yet)" in page
 
 
+def test_the_restart_page_says_how_an_unplanned_startup_was_found(viewer_client, gemma):
+    told = Restart.objects.create(
+        node=gemma.node, engine=gemma, kind="unplanned", status="detected",
+        requested_at=timezone.now(), startup_seconds=3.5,
+        after={"startup": {"source": "log", "text": "gemma was ready when SparkOps saw it "
+                                                    "again; its log tells a startup of 4 s"}})
+    unknown = Restart.objects.create(
+        node=gemma.node, engine=gemma, kind="unplanned", status="detected",
+        requested_at=timezone.now(),
+        after={"startup": {"source": None, "text": "how long it took is unknown"}})
+
+    told_page = viewer_client.get(reverse("dashboard:restart", args=[told.pk])).content.decode()
+    unknown_page = viewer_client.get(reverse("dashboard:restart", args=[unknown.pk])) \
+        .content.decode()
+
+    assert "4 s" in told_page and "its log tells a startup of 4 s" in told_page
+    assert '<span class="unknown">unknown</span>' in unknown_page
+    assert "how long it took is unknown" in unknown_page
+
+
 def test_restarts_page_shows_queue_ledger_and_startup_chart(admin_client, node):
     gemma, nemotron = make_engine(node, "gemma"), make_engine(node, "nemotron")
     measured_start(gemma, 540, timezone.now() - timedelta(days=2))
