@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from collectors.sampling import (
     still_period,
     watch_host_memory,
 )
+from tests.stillmemory import wait_until_memory_is_still
 
 FIXTURES = Path(__file__).parent / "fixtures" / "procfs"
 MIB = 1024**2
@@ -226,7 +226,7 @@ def test_the_one_field_reader_follows_the_real_meminfo():
     """On /proc (a file the kernel makes afresh at each read) the descriptor is kept, and every
     read is a new reading: a real 2 GiB allocation shows in the next read. (2 GiB: the kernel
     may serve part of a block from pages freed a moment ago that it has not counted free.)"""
-    _wait_until_memory_is_still()
+    wait_until_memory_is_still()
     with Procfs().meminfo_field("MemAvailable") as available:
         before = available.read()
         block = bytearray(2 * GIB)
@@ -264,27 +264,6 @@ print(json.dumps({"before": before, "during": during, "started": started,
 _DIP_LASTS = 4.5
 
 
-def _wait_until_memory_is_still(within: int = 32 * MIB, over: float = 1.0,
-                                 give_up_after: float = 30.0) -> None:
-    """Return once the machine's MemAvailable has stayed within ``within`` bytes for ``over``
-    seconds. Memory a moment ago freed (a test's block, a container that stopped) reaches the
-    free count over the next second or so; a window opened while it still rises reads its lowest
-    value at its first read, whatever dip comes later."""
-    with Procfs().meminfo_field("MemAvailable") as available:
-        deadline = time.monotonic() + give_up_after
-        recent: list[tuple[float, int]] = []
-        while time.monotonic() < deadline:
-            now = time.monotonic()
-            recent = [(at, value) for at, value in recent if now - at <= over]
-            recent.append((now, available.read()))
-            values = [value for _, value in recent]
-            if now - recent[0][0] >= over * 0.9 and max(values) - min(values) <= within:
-                return
-            time.sleep(0.1)
-    pytest.fail(f"the machine's MemAvailable moved by more than {within // MIB} MiB in every "
-                f"{over:g} s for {give_up_after:g} s: a dip cannot be judged against it")
-
-
 @pytest.mark.slow
 @pytest.mark.alone  # the dip is judged against the machine's own MemAvailable
 @pytest.mark.parametrize("delay", [0.4, 1.7, 3.1])
@@ -295,7 +274,7 @@ def test_a_real_half_second_dip_is_the_interval_minimum_at_the_paced_method(dela
     The window lasts until :data:`_DIP_LASTS` after the holder's start: a machine that hands out
     pages slowly (a small virtual machine touches 1 GiB in up to 2.5 s) still ends the dip inside
     it."""
-    _wait_until_memory_is_still()
+    wait_until_memory_is_still()
     holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(delay)],
                               stdout=subprocess.PIPE, text=True)
     try:
