@@ -80,7 +80,9 @@ def test_an_engine_ready_when_first_seen_again_takes_its_startup_from_its_log(no
 
 
 def test_a_startup_neither_seen_nor_logged_is_unknown_and_not_looked_for_again(node):
-    engine = _engine(node, started_at=T0, phase="ready")  # its log was never read since
+    # Its log, read since the start, says ready and tells no startup (no timestamps).
+    engine = _engine(node, started_at=T0, phase="ready", logs_read_at=T0 + timedelta(seconds=5),
+                     startup={"phase": "ready", "startup_seconds": None})
     _event(engine, "engine-restarted", T0 + timedelta(seconds=2))
     record_unplanned_restarts(node, T0 + timedelta(seconds=6))
 
@@ -97,14 +99,16 @@ def test_a_startup_neither_seen_nor_logged_is_unknown_and_not_looked_for_again(n
     assert Restart.objects.get().after == restart.after
 
 
-def test_a_log_of_an_earlier_start_does_not_time_this_one(node):
+def test_a_log_of_an_earlier_start_neither_times_this_one_nor_closes_it(node):
     engine = _engine(node, started_at=T0, phase="ready", logs_read_at=T0 - timedelta(hours=2),
                      startup={"phase": "ready", "startup_seconds": 600.0})
     _event(engine, "engine-restarted", T0 + timedelta(seconds=2))
 
     record_unplanned_restarts(node, T0 + timedelta(seconds=6))
 
-    assert Restart.objects.get().startup_seconds is None
+    restart = Restart.objects.get()
+    assert restart.startup_seconds is None
+    assert "startup" not in restart.after  # still open: the next read of its log may tell
 
 
 def test_a_planned_restart_explains_its_own_stop_and_start(node):

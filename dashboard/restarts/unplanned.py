@@ -7,9 +7,9 @@ Once the engine is ready again, the measured startup time is filled in, so unpla
 teach the learned startup time too: from the container's start to the "→ ready" phase change the
 collectors saw, else, for an engine already ready when they first saw it again (a start quicker
 than a collection interval, or one made while SparkOps was down), the startup its own log tells
-(its first line to ready; ``after["startup"]`` names that source). When the log tells none
-either, the startup is unknown and ``after["startup"]`` says why; it is not looked for again, so
-the restarts a pass re-reads stay the open and the recent ones.
+(its first line to ready; ``after["startup"]`` names that source). When the log of that start,
+read, tells none either, the startup is unknown and ``after["startup"]`` says why; it is not
+looked for again, so the restarts a pass re-reads stay the open and the recent ones.
 
 **Memory not returned.** An engine that stopped behind SparkOps' back should have handed back
 what it held (:func:`judge_memory_returns`): ``SPARKOPS_MEMORY_RETURN_GRACE_SECONDS`` after
@@ -165,6 +165,8 @@ def _fill_startup_times(pending: Iterable[Restart]) -> None:
             restart.finished_at = ready.at
             restart.save(update_fields=["startup_seconds", "finished_at"])
             continue
+        if engine.logs_read_at is None or engine.logs_read_at < engine.started_at:
+            continue  # the log of this start not read yet (a failed read): a later pass reads it
         logged = _logged_startup_seconds(engine)
         if logged is not None:
             restart.startup_seconds = logged
@@ -181,10 +183,8 @@ def _fill_startup_times(pending: Iterable[Restart]) -> None:
 
 
 def _logged_startup_seconds(engine: Engine) -> float | None:
-    """The startup (first line → ready) of the engine's current start, as its log tells it; None
-    when the log was not read since the start or tells none."""
-    if engine.logs_read_at is None or engine.logs_read_at < engine.started_at:
-        return None
+    """The startup (first line → ready) the engine's log tells, as last read; None when it tells
+    none."""
     seconds = (engine.startup or {}).get("startup_seconds")
     return float(seconds) if isinstance(seconds, int | float) and seconds >= 0 else None
 
