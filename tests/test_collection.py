@@ -1,8 +1,5 @@
 """Collection into the database, including the dip a real allocation makes between two rows."""
 
-import json
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -12,7 +9,7 @@ from collectors.hostmemory import collect_host_memory
 from collectors.models import Collection, HostReading, Metric
 from collectors.procfs import Procfs
 from collectors.sampling import Clock
-from tests.stillmemory import wait_until_memory_is_still
+from tests.stillmemory import held, hold_block, wait_until_memory_is_still
 from tests.stored import host_samples
 
 FIXTURES = Path(__file__).parent / "fixtures" / "procfs"
@@ -84,23 +81,6 @@ def test_unreadable_meminfo_is_a_failed_collection_with_the_reason(node, procfs_
     assert Collection.objects.get(pk=collection.pk).error == collection.error
 
 
-_HOLDER = """
-import json, sys, time
-def available():
-    with open("/proc/meminfo") as f:
-        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("MemAvailable:"))
-size = int(sys.argv[1])
-time.sleep(0.3)
-before, allocating = available(), time.time()
-block = b"\\x01" * size  # written, so every page is really resident (takes a while in a VM)
-time.sleep(0.25)
-during = available()
-time.sleep(0.75)
-released = time.time()
-del block
-print(json.dumps({"before": before, "during": during, "allocating": allocating,
-                  "released": released}), flush=True)
-"""
 
 
 @pytest.mark.slow
@@ -115,12 +95,10 @@ def test_a_one_second_allocation_between_collections_is_the_interval_minimum(nod
     """
     size = 2 * GIB
     wait_until_memory_is_still()
-    holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, str(size)], stdout=subprocess.PIPE, text=True
-    )
+    holder = hold_block(size, delay=0.3, hold=1.0)
     try:
         collection, _ = collect_host_memory(node, Procfs(), duration=10.0, period=0.1)
-        made = json.loads(holder.communicate(timeout=20)[0])
+        made = held(holder)
     finally:
         holder.kill()
         holder.wait()
@@ -133,5 +111,5 @@ def test_a_one_second_allocation_between_collections_is_the_interval_minimum(nod
     assert last.value > minimum.value  # the allocation was released inside the window
     # From the moment the block's pages began to be written: the lowest reading may come while
     # its last pages are (the block all but resident), a moment before the write returned.
-    assert made["allocating"] <= minimum.at.timestamp() <= made["released"] + 0.2
+    assert made["started"] <= minimum.at.timestamp() <= made["released"] + 0.2
     assert minimum.at < collection.at

@@ -8,11 +8,8 @@ by what the window asks to sleep, so every wait it chose is on record.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -29,7 +26,7 @@ from collectors.sampling import (
     still_period,
     watch_host_memory,
 )
-from tests.stillmemory import wait_until_memory_is_still
+from tests.stillmemory import held, hold_block, wait_until_memory_is_still
 
 FIXTURES = Path(__file__).parent / "fixtures" / "procfs"
 MIB = 1024**2
@@ -238,25 +235,6 @@ def test_the_one_field_reader_follows_the_real_meminfo():
 
 # --- a real dip ---------------------------------------------------------------------------------
 
-_HOLDER = """
-import json, sys, time
-def available():
-    with open("/proc/meminfo") as f:
-        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("MemAvailable:"))
-time.sleep(float(sys.argv[1]))
-before = available()
-started = time.time()
-block = bytearray(1 << 30)
-block[::4096] = b"\\x01" * ((1 << 30) // 4096)
-touched = time.time()
-time.sleep(0.25)
-during = available()
-time.sleep(max(0.5 - (time.time() - touched), 0))
-del block  # returned to the kernel (munmap) before this returns: held until then
-released = time.time()
-print(json.dumps({"before": before, "during": during, "started": started,
-                  "released": released}), flush=True)
-"""
 
 
 # Seconds from the holder's start to the window's end: Python's start, the block's touch and the
@@ -275,11 +253,10 @@ def test_a_real_half_second_dip_is_the_interval_minimum_at_the_paced_method(dela
     pages slowly (a small virtual machine touches 1 GiB in up to 2.5 s) still ends the dip inside
     it."""
     wait_until_memory_is_still()
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(delay)],
-                              stdout=subprocess.PIPE, text=True)
+    holder = hold_block(GIB, delay, hold=DIP_SECONDS)
     try:
         reading = watch_host_memory(Procfs(), duration=delay + _DIP_LASTS, period=0.1)
-        made = json.loads(holder.communicate(timeout=20)[0])
+        made = held(holder)
     finally:
         holder.kill()
         holder.wait()
