@@ -458,13 +458,16 @@ def chart_section(results: dict) -> list[str]:
         f"endpoint over {profile['chart_days']:g} days of one node with 4 engines at 5 s (see "
         f"§5 for what is stored). p95 over {profile['chart_requests']} requests after one "
         f"warm-up, or as many as fit in {profile['chart_budget_s']:g} s once "
-        f"{profile['chart_min_requests']} are done; *worst*: the slowest of them. *Points*: "
-        f"the longest series returned (limit {CHART_POINTS}).",
+        f"{profile['chart_min_requests']} are done; *worst*: the slowest of them; *first*: the "
+        f"first of them, when the chart has kept no settled roll-up rows of that range yet "
+        f"(`dashboard.settled`: what a range costs when it is opened; the warm-up is the "
+        f"endpoint's shortest range). *Points*: the longest series returned (limit "
+        f"{CHART_POINTS}).",
         "",
-        "| Endpoint | " + " | ".join(f"{_db(b)} p95 | {_db(b)} worst | "
+        "| Endpoint | " + " | ".join(f"{_db(b)} p95 | {_db(b)} worst | {_db(b)} first | "
                                      f"{_db(b)} median (min–max, n)"
                                      for b in available) + " | Points |",
-        "|---|" + "---|---|---|" * len(available) + "---|",
+        "|---|" + "---|---|---|---|" * len(available) + "---|",
     ]
     first = next(iter(available.values()))
     for label in first["chart"]:
@@ -473,7 +476,9 @@ def chart_section(results: dict) -> list[str]:
         for backend_data in available.values():
             row = backend_data["chart"][label]
             mark = "" if row["p95"] <= CHART_TARGET_MS else " ✗"
-            cells += [f"{row['p95']:.0f} ms{mark}", f"{row['max']:.0f} ms", fmt(row, "ms", 0)]
+            first_ms = row.get("first")
+            cells += [f"{row['p95']:.0f} ms{mark}", f"{row['max']:.0f} ms",
+                      "—" if first_ms is None else f"{first_ms:.0f} ms", fmt(row, "ms", 0)]
             points = max(points, row["points"])
         lines.append(f"| `{label}` | " + " | ".join(cells) + f" | {points} |")
     lines.append("")

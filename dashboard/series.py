@@ -19,8 +19,9 @@ and a datetime per row (parsed from text, later written back as text) cost more 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from datetime import datetime, timedelta
+import math
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
 from operator import itemgetter
 
 from django.db import connections
@@ -39,6 +40,7 @@ from collectors.models import (
 from collectors.readings import ENGINE, HOST, Layout, stored_notes
 from collectors.retention import MINUTE, TIERS, floor_to
 from dashboard.downsample import SeriesPoint, epoch_ms
+from dashboard.settled import settled_rows
 
 MAX_ROWS = 1500  # per series per chart: the finest source with at most this many buckets wins
 _time = itemgetter(0)  # a SeriesPoint's time
@@ -73,7 +75,8 @@ def host_points(node: Node, metrics: Iterable[int], start: datetime, resolution:
     rows grouped into buckets of ``bucket_seconds`` in the database when that is coarser."""
     found = _points(HostReading.objects.filter(node_id=node.pk),
                     Rollup.objects.filter(node_id=node.pk), ("metric",), list(metrics), start,
-                    None, resolution, node.rolled_up_until, bucket_seconds, HOST)
+                    None, resolution, node.rolled_up_until, bucket_seconds, HOST,
+                    ("host", *_owner(node)))
     return {metric: found.get((metric,), []) for metric in metrics}
 
 
@@ -89,7 +92,7 @@ def engine_points(engines: Iterable[Engine], metrics: Iterable[int], start: date
     found = _points(EngineReading.objects.filter(engine_id__in=ids),
                     EngineRollup.objects.filter(engine_id__in=ids), ("engine_id", "metric"),
                     metrics, start, end, resolution, engines[0].node.rolled_up_until,
-                    bucket_seconds, ENGINE)
+                    bucket_seconds, ENGINE, ("engine", *(_owner(e) for e in engines)))
     return {(pk, metric): found.get((pk, metric), []) for pk in ids for metric in metrics}
 
 
@@ -99,18 +102,23 @@ def gpu_points(node: Node, metrics: Iterable[int], start: datetime, resolution: 
     index, metric), for every device with rows in range; grouped like :func:`host_points`."""
     return _points(GpuSample.objects.filter(node_id=node.pk),
                    GpuRollup.objects.filter(node_id=node.pk), ("device_index", "metric"),
-                   list(metrics), start, None, resolution, node.rolled_up_until, bucket_seconds)
+                   list(metrics), start, None, resolution, node.rolled_up_until, bucket_seconds,
+                   source=("gpu", *_owner(node)))
 
 
 def _points(samples: QuerySet, rollups: QuerySet, keys: tuple[str, ...], metrics: list[int],
             start: datetime, end: datetime | None, resolution: int,
             rolled_up_until: datetime | None, bucket_seconds: float,
-            layout: Layout | None = None) -> dict[tuple, list[SeriesPoint]]:
+            layout: Layout | None = None, source: tuple | None = None
+            ) -> dict[tuple, list[SeriesPoint]]:
     """Series by ``keys`` (e.g. (engine id, metric)), in one query for all of them: the chosen
     tier up to its last complete bucket, the minute tier up to the roll-up watermark, raw
     samples after it, each a part of one ``UNION ALL``. ``samples`` are readings of ``layout``
     (``collectors.readings``), read in a query of their own (:func:`_reading_rows`), or a row
     per sample when it is None.
+
+    ``source`` names the roll-ups' owner (:func:`_owner`): the chosen tier's settled buckets
+    are then kept between requests (``dashboard.settled``), and only the rest is read.
 
     The query asks for no order: PostgreSQL would sort tens of thousands of rows gathered from
     its index for every key (half of the query's time), while each series, already nearly in
@@ -127,16 +135,27 @@ def _points(samples: QuerySet, rollups: QuerySet, keys: tuple[str, ...], metrics
     for seconds, until in pieces:
         if until <= since:
             continue
-        rows = rollups.filter(resolution=seconds, metric__in=metrics, start__gte=since,
-                              start__lt=until if end is None else min(until, end))
-        if width >= 2 * seconds:  # grouped into the chart's own buckets by the database
-            rows = rows.annotate(epoch=EpochBucket("start", width)).values(*keys, "epoch") \
-                .annotate(low=Min("min"), high=Max("max")).order_by() \
-                .values_list(*keys, "epoch", "low", "high")
-        else:
-            rows = rows.annotate(epoch=EpochMillis("start")).order_by() \
+        stop = until if end is None else min(until, end)
+        grouped = width >= 2 * seconds  # into the chart's own buckets, by the database
+
+        def tier(first: datetime, last: datetime, seconds: int = seconds,
+                 grouped: bool = grouped) -> QuerySet:
+            rows = rollups.filter(resolution=seconds, metric__in=metrics, start__gte=first,
+                                  start__lt=last)
+            if grouped:
+                return rows.annotate(epoch=EpochBucket("start", width)).values(*keys, "epoch") \
+                    .annotate(low=Min("min"), high=Max("max")).order_by() \
+                    .values_list(*keys, "epoch", "low", "high")
+            return rows.annotate(epoch=EpochMillis("start")).order_by() \
                 .values_list(*keys, "epoch", "min", "max")
-        parts.append(rows)
+
+        if source is not None and seconds == resolution:
+            parts += _settled_and_rest(points, (*source, tuple(metrics), seconds,
+                                                width if grouped else 0),
+                                       width if grouped else seconds, len(keys), tier, since,
+                                       stop)
+        else:
+            parts.append(tier(since, stop))
         since = until
     if layout is not None:  # readings: their own query, a row per reading
         _collect(points, _reading_rows(layout, samples, keys, metrics, since, end), len(keys))
@@ -152,6 +171,41 @@ def _points(samples: QuerySet, rollups: QuerySet, keys: tuple[str, ...], metrics
     for series in points.values():
         series.sort(key=_time)  # rows come in no order; the pieces do not overlap in time
     return points
+
+
+def _settled_and_rest(points: dict[tuple, list[SeriesPoint]], key: tuple, unit: int,
+                      epoch_at: int, tier: Callable[[datetime, datetime], QuerySet],
+                      since: datetime, stop: datetime) -> list[QuerySet]:
+    """Collect into ``points`` the rows of the whole ``unit``-second buckets in [since, stop)
+    that the watermark has passed (``stop`` is at or before it), from ``settled_rows`` where
+    it holds them; return the queries of the rest of [since, stop) (a partial bucket at each
+    end), for the caller's ``UNION ALL``."""
+    first = math.ceil(since.timestamp() / unit) * unit
+    last = math.floor(stop.timestamp() / unit) * unit
+    if first >= last:
+        return [tier(since, stop)]
+    settled = settled_rows.rows(
+        key, first * 1000, last * 1000, epoch_at,
+        lambda a, b: _fetch(tier(_moment(a), _moment(b))))
+    _collect(points, settled, epoch_at)
+    rest = []
+    if since < _moment(first * 1000):
+        rest.append(tier(since, _moment(first * 1000)))
+    if _moment(last * 1000) < stop:
+        rest.append(tier(_moment(last * 1000), stop))
+    return rest
+
+
+def _moment(epoch_milliseconds: int) -> datetime:
+    return datetime.fromtimestamp(epoch_milliseconds / 1000, UTC)
+
+
+def _owner(instance: Node | Engine) -> tuple:
+    """A roll-up owner's identity for ``settled_rows``: its key and when it was created, so
+    that a reused key is another owner."""
+    if isinstance(instance, Engine):
+        return (instance.pk, instance.first_seen)
+    return (instance.pk, instance.created_at)
 
 
 def _reading_rows(layout: Layout, readings: QuerySet, keys: tuple[str, ...], metrics: list[int],

@@ -30,9 +30,10 @@ Unknown is ``None`` (a gap), never 0. Every series has at most ``max_points`` po
 times (``x``) in milliseconds since the epoch (``dashboard.downsample``), which the page draws
 on a date axis in the viewer's zone (``static/js/clock.js``).
 Cost: one query per source for all host series and one for all engine series, each one index
-range of the tier that suits the range (``dashboard.series``); one query for the ledger's change
-rows in range and one for the size each component had before it; a few small ones (engines,
-failures, markers).
+range of the tier that suits the range (``dashboard.series``; over a long range, the buckets
+that settled since the last request in one more, the others kept, ``dashboard.settled``); one
+query for the ledger's change rows in range and one for the size each component had before it;
+a few small ones (engines, failures, markers).
 """
 
 from __future__ import annotations

@@ -75,6 +75,15 @@ def _sparkops_stays_the_current_celery_app() -> Iterator[None]:
                     "set_as_current=False", pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def _no_settled_chart_rows_from_another_test() -> None:
+    # Charts keep settled roll-up rows per process (dashboard.settled); a rolled-back test's
+    # node or engine ids are the next test's, with other rows behind them.
+    from dashboard.settled import settled_rows
+
+    settled_rows.clear()
+
+
 SEED_MIGRATION = "collectors.migrations.0012_seed_model_architectures"
 
 
