@@ -33,7 +33,9 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 MAX_ENTRIES = 32
-MAX_ROWS = 200_000  # about 30 MB of rows at most; a 30-day chart of 4 engines keeps ~15,000
+# About 190 bytes a row: 10 MB at most. The timeline of a node with 4 engines keeps some 8,000
+# rows (host, engines and GPUs) for each of its long ranges (a day, a week, 30 days).
+MAX_ROWS = 50_000
 
 Fetch = Callable[[int, int], list[tuple]]  # rows of buckets starting in [first ms, end ms)
 
