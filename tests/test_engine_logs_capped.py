@@ -50,9 +50,21 @@ def _read_until_settled(api, cid, timeout=60.0):
     raise AssertionError(f"log not read through within {timeout} s: {reads[-1:]}")
 
 
+def _wait_until_written(api, cid, timeout=60.0) -> None:
+    """Until the container has logged its last startup line: a read made while the huge line
+    was still being written would end at its unfinished end, shorter than the line cap, and
+    find nothing to cut."""
+    deadline = time.monotonic() + timeout
+    while STARTUP_LINES[-1] not in api.containers.get(cid).logs(tail=1).decode(errors="replace"):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the container did not log its startup lines in {timeout} s")
+        time.sleep(0.2)
+
+
 def test_a_huge_line_is_capped_cut_and_the_later_lines_read_once(api):
     cid = run_container(unique_name("hugeline"), ["python3", "-c", SCRIPT],
                         labels={"sparkops.engine": "vllm"})
+    _wait_until_written(api, cid)
 
     reads, cursor = _read_until_settled(api, cid)
 
