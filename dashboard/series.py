@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from operator import itemgetter
 
 from django.db import connections
@@ -39,7 +39,7 @@ from collectors.models import (
 )
 from collectors.readings import ENGINE, HOST, Layout, stored_notes
 from collectors.retention import MINUTE, TIERS, floor_to
-from dashboard.downsample import SeriesPoint, epoch_ms
+from dashboard.downsample import SeriesPoint, epoch_ms, from_epoch_ms
 from dashboard.settled import settled_rows
 
 MAX_ROWS = 1500  # per series per chart: the finest source with at most this many buckets wins
@@ -180,24 +180,17 @@ def _settled_and_rest(points: dict[tuple, list[SeriesPoint]], key: tuple, unit: 
     that the watermark has passed (``stop`` is at or before it), from ``settled_rows`` where
     it holds them; return the queries of the rest of [since, stop) (a partial bucket at each
     end), for the caller's ``UNION ALL``."""
-    first = math.ceil(since.timestamp() / unit) * unit
-    last = math.floor(stop.timestamp() / unit) * unit
+    first = math.ceil(since.timestamp() / unit) * unit * 1000  # epoch ms, on the grid
+    last = math.floor(stop.timestamp() / unit) * unit * 1000
     if first >= last:
         return [tier(since, stop)]
     settled = settled_rows.rows(
-        key, first * 1000, last * 1000, epoch_at,
-        lambda a, b: _fetch(tier(_moment(a), _moment(b))))
+        key, first, last, epoch_at,
+        lambda a, b: _fetch(tier(from_epoch_ms(a), from_epoch_ms(b))))
     _collect(points, settled, epoch_at)
-    rest = []
-    if since < _moment(first * 1000):
-        rest.append(tier(since, _moment(first * 1000)))
-    if _moment(last * 1000) < stop:
-        rest.append(tier(_moment(last * 1000), stop))
-    return rest
-
-
-def _moment(epoch_milliseconds: int) -> datetime:
-    return datetime.fromtimestamp(epoch_milliseconds / 1000, UTC)
+    head_end, tail_start = from_epoch_ms(first), from_epoch_ms(last)
+    return ([tier(since, head_end)] if since < head_end else []) + \
+        ([tier(tail_start, stop)] if tail_start < stop else [])
 
 
 def _owner(instance: Node | Engine) -> tuple:

@@ -103,8 +103,9 @@ def _extended(entry: _Entry, new: list[tuple], end: int, epoch_at: int) -> _Entr
 
 
 def _trimmed(entry: _Entry, first: int) -> _Entry:
+    """``entry`` without the rows before ``first`` (which is inside it)."""
     cut = bisect_left(entry.epochs, first)
-    return _Entry(first, max(entry.end, first), entry.epochs[cut:], entry.rows[cut:])
+    return _Entry(first, entry.end, entry.epochs[cut:], entry.rows[cut:])
 
 
 settled_rows = SettledRows()

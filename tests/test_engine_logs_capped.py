@@ -12,6 +12,7 @@ from django.utils import timezone
 from collectors import docker_api, engines
 from collectors.docker_api import LOG_LINE_MAX_BYTES, LOG_READ_MAX_BYTES, cut_mark, read_logs
 from collectors.engines import collect_engines
+from sparkops.testing.ports import wait_for
 from tests.containers import run_container, unique_name
 
 pytestmark = [pytest.mark.slow]
@@ -50,21 +51,13 @@ def _read_until_settled(api, cid, timeout=60.0):
     raise AssertionError(f"log not read through within {timeout} s: {reads[-1:]}")
 
 
-def _wait_until_written(api, cid, timeout=60.0) -> None:
-    """Until the container has logged its last startup line: a read made while the huge line
-    was still being written would end at its unfinished end, shorter than the line cap, and
-    find nothing to cut."""
-    deadline = time.monotonic() + timeout
-    while STARTUP_LINES[-1] not in api.containers.get(cid).logs(tail=1).decode(errors="replace"):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the container did not log its startup lines in {timeout} s")
-        time.sleep(0.2)
-
-
 def test_a_huge_line_is_capped_cut_and_the_later_lines_read_once(api):
     cid = run_container(unique_name("hugeline"), ["python3", "-c", SCRIPT],
                         labels={"sparkops.engine": "vllm"})
-    _wait_until_written(api, cid)
+    # A read made while the huge line was still being written would end at its unfinished end,
+    # shorter than the line cap, with nothing to cut: read once all of it is logged.
+    wait_for(lambda: STARTUP_LINES[-1] in api.containers.get(cid).logs(tail=1).decode(
+        errors="replace"), 60, "the container's startup lines after its huge line")
 
     reads, cursor = _read_until_settled(api, cid)
 
