@@ -43,6 +43,8 @@ from collectors.procfs import Procfs, ProcfsError
 # only after Normal (and Movable) are exhausted, and then only above lowmem_reserve.
 DEVICE_ZONES = frozenset({"DMA", "DMA32"})
 COMPACTION_COUNTERS = ("compact_stall", "compact_fail", "compact_success")
+_COMPACTION_LINE = re.compile(
+    rf"^(?P<name>{'|'.join(COMPACTION_COUNTERS)}) (?P<value>[^\n]*)$", re.MULTILINE)
 _ZONE_LINE = re.compile(r"^Node\s+(\d+),\s+zone\s+(\S+)\s+([\d\s]+)$")
 _PAGE_SIZE_LINE = re.compile(r"^KernelPageSize:\s+(\d+)\s+kB\s*$")
 # smaps lists a mapping's fields within its first ~25 lines; stop looking after this many.
@@ -184,24 +186,24 @@ class CompactionCounters:
     error: str = ""
 
 
-def parse_vmstat(text: str) -> dict[str, int]:
-    """``name value`` lines of ``/proc/vmstat``; lines that are not are skipped."""
+def parse_compaction(text: str) -> dict[str, int]:
+    """The compaction counters among the ``name value`` lines of ``/proc/vmstat`` (the last
+    line of a name, as the file has one); a line whose value is not a count is skipped. One
+    regular expression finds their lines: the file's other ~180 lines are never split."""
     values = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if value.strip().isdigit():
-            values[name] = int(value)
+    for match in _COMPACTION_LINE.finditer(text):
+        value = match["value"].strip()
+        if value.isdigit():
+            values[match["name"]] = int(value)
     return values
 
 
 def read_compaction(procfs: Procfs) -> CompactionCounters:
     """The compaction counters now; never raises."""
     try:
-        values = parse_vmstat(procfs.read_text("vmstat"))
+        return CompactionCounters(parse_compaction(procfs.read_text("vmstat")))
     except ProcfsError as error:
         return CompactionCounters(error=str(error))
-    return CompactionCounters({name: values[name] for name in COMPACTION_COUNTERS
-                               if name in values})
 
 
 @dataclass(frozen=True)

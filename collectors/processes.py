@@ -10,6 +10,7 @@ reads themselves.
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,9 @@ from collectors.procfs import process_ids
 # may be cut, and is then completed from the command line as psutil does.
 COMM_LENGTH = 15
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+# The start time's place among the fields of /proc/<pid>/stat that follow the name (proc(5):
+# field 22, the name being field 2 and the state field 3).
+STARTTIME_INDEX = 19
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,8 @@ class ProcessGroup:
 def memory_by_process_name(exclude_pids: set[int] = frozenset(),
                            proc_root: Path = Path("/proc")) -> list[ProcessGroup]:
     """Resident memory summed per process name, largest first. Cost: one pass over /proc
-    (``stat`` and ``statm`` of every process, ``cmdline`` of those whose name may be cut)."""
+    (``stat`` and ``statm`` of every process, ``cmdline`` of a process whose name may be cut
+    the first time it is seen)."""
     totals: dict[str, list[int]] = {}
     for pid, name, rss in process_table(proc_root):
         if pid in exclude_pids or rss is None:
@@ -43,11 +48,43 @@ def memory_by_process_name(exclude_pids: set[int] = frozenset(),
     return sorted(groups, key=lambda group: group.rss_bytes, reverse=True)
 
 
+class _CompletedNames:
+    """Cut names completed from command lines, kept per process (its PID, start time and cut
+    name, so a PID reused by a new process, or a process that ran another program, is read
+    again) for as long as the process is seen: the ledger reads the table every collection,
+    and a long-lived process's completed name was a ``cmdline`` read each time. Bounded by
+    the processes of the last pass."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[str, int, bytes, str], str] = {}
+        self._lock = threading.Lock()
+
+    def completed(self, root: str, pid: int, started: bytes, name: str) -> str:
+        key = (root, pid, started, name)
+        with self._lock:
+            known = self._kept.get(key)
+        if known is not None:
+            return known
+        completed = _completed_name(f"{root}/{pid}", name)  # OSError: not kept
+        with self._lock:
+            self._kept[key] = completed
+        return completed
+
+    def keep_only(self, root: str, seen: set[tuple[int, bytes, str]]) -> None:
+        with self._lock:
+            for key in [key for key in self._kept if key[0] == root and key[1:] not in seen]:
+                del self._kept[key]
+
+
+_completed_names = _CompletedNames()
+
+
 def process_table(proc_root: Path = Path("/proc")) -> list[tuple[int, str, int | None]]:
     """``(pid, name, resident bytes)`` of every process, by PID; a process that exits while it
     is read is left out, and a size that may not be read is None."""
     root = os.fspath(proc_root)
     table = []
+    long_named: set[tuple[int, bytes, str]] = set()
     for pid in process_ids(root):
         base = f"{root}/{pid}"
         try:
@@ -55,10 +92,15 @@ def process_table(proc_root: Path = Path("/proc")) -> list[tuple[int, str, int |
                 stat = file.read()
         except OSError:
             continue  # exited
-        name = stat[stat.find(b"(") + 1:stat.rfind(b")")].decode("utf-8", "surrogateescape")
+        end = stat.rfind(b")")
+        name = stat[stat.find(b"(") + 1:end].decode("utf-8", "surrogateescape")
         if len(name) >= COMM_LENGTH:
+            # The start time (the 22nd field) tells this process from an earlier one of its PID.
+            started = (stat[end + 2:].split() or [b""])[STARTTIME_INDEX:][:1]
+            identity = (pid, started[0] if started else b"", name)
+            long_named.add(identity)
             try:
-                name = _completed_name(base, name)
+                name = _completed_names.completed(root, *identity)
             except FileNotFoundError:
                 continue  # exited
             except OSError:
@@ -71,6 +113,7 @@ def process_table(proc_root: Path = Path("/proc")) -> list[tuple[int, str, int |
         except (OSError, IndexError, ValueError):
             continue  # exited
         table.append((pid, name, rss))
+    _completed_names.keep_only(root, long_named)
     return table
 
 

@@ -131,6 +131,40 @@ def test_the_scheduler_follows_agents_as_they_come_and_go(configured, settings, 
         scheduler.close()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_refresh_that_finds_the_same_agents_leaves_the_schedule_and_the_connection(
+        configured, tmp_path, monkeypatch):
+    from django.db import connection
+
+    clock = Clock()
+    _agent("spark-b", beat_age=timedelta(0))
+    scheduler = FleetScheduler(app=app, schedule_filename=str(tmp_path / "schedule"),
+                               clock=clock)
+    try:
+        entries = dict(scheduler.schedule)
+        merges = []
+        monkeypatch.setattr(scheduler, "merge_inplace",
+                            lambda schedule: merges.append(schedule))
+        raw = connection.connection
+        assert raw is not None  # the first refresh's, kept
+
+        clock.now += fleetbeat.REFRESH_SECONDS
+        scheduler.tick()
+        assert scheduler.refresh()
+        # Nothing changed: no entry made anew (each would lose nothing, but costs Celery's
+        # time-zone work), and the same connection asked.
+        assert merges == []
+        assert all(scheduler.schedule[name] is entry for name, entry in entries.items())
+        assert connection.connection is raw
+
+        _agent("spark-c", beat_age=timedelta(0))
+        assert scheduler.refresh()
+        assert len(merges) == 1 and "collect-engines:spark-c" in merges[0]
+    finally:
+        scheduler.close()
+        connection.close()  # the beat's kept connection: not for the tests after this one
+
+
 def test_without_the_database_the_scheduler_keeps_its_schedule_and_says_so_once(
         configured, tmp_path, caplog):
     # No django_db mark: every query is refused, as a database that does not answer would.

@@ -88,3 +88,49 @@ def test_memory_by_name_leaves_out_the_excluded_pids(long_named_sleeper):
         psutil.Process(sleeper).memory_info().rss
     left = {group.name for group in memory_by_process_name(exclude_pids={sleeper})}
     assert "sparkops-a-very-long-program-name" not in left
+
+
+def _fake_process(root: Path, pid: int, comm: str, started: int, cmdline: str) -> None:
+    folder = root / str(pid)
+    folder.mkdir(parents=True, exist_ok=True)
+    # proc(5): pid (comm) state ppid ... with the start time the 22nd field.
+    fields = ["S"] + ["0"] * 18 + [str(started)] + ["0"] * 30
+    (folder / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)}\n")
+    (folder / "statm").write_text("100 25 10 1 0 20 0\n")
+    (folder / "cmdline").write_bytes(cmdline.encode() + b"\0--flag\0")
+
+
+def test_a_completed_name_is_read_once_per_process_and_again_for_a_new_one(tmp_path):
+    root = tmp_path / "proc"
+    _fake_process(root, 4242, "sparkops-a-very", 1000, "/opt/bin/sparkops-a-very-long-name")
+    _fake_process(root, 4243, "short", 1000, "/bin/short")
+
+    assert {pid: name for pid, name, _ in process_table(root)} == {
+        4242: "sparkops-a-very-long-name", 4243: "short"}
+    # The same process again: its command line is not read again (a title it sets later does
+    # not rename it, as psutil keeps a process's name).
+    (root / "4242" / "cmdline").write_bytes(b"/opt/bin/sparkops-a-very-other\0")
+    assert dict((pid, name) for pid, name, _ in process_table(root))[4242] == \
+        "sparkops-a-very-long-name"
+    # A new process with the PID (another start time) is read anew.
+    _fake_process(root, 4242, "sparkops-a-very", 2000, "/opt/bin/sparkops-a-very-new-one")
+    assert dict((pid, name) for pid, name, _ in process_table(root))[4242] == \
+        "sparkops-a-very-new-one"
+
+
+def test_completed_names_are_kept_only_for_processes_still_seen(tmp_path):
+    from collectors import processes
+
+    root = tmp_path / "proc"
+    for pid in range(100, 110):
+        _fake_process(root, pid, "a-long-program-n", pid, f"/usr/bin/a-long-program-name-{pid}")
+    process_table(root)
+    kept = [key for key in processes._completed_names._kept if key[0] == str(root)]
+    assert len(kept) == 10
+
+    for pid in range(100, 108):
+        shutil.rmtree(root / str(pid))
+    assert {name for _, name, _ in process_table(root)} == {
+        "a-long-program-name-108", "a-long-program-name-109"}
+    kept = [key for key in processes._completed_names._kept if key[0] == str(root)]
+    assert sorted(key[1] for key in kept) == [108, 109]
