@@ -51,7 +51,7 @@ def evaluate_rules(node: Node, now: datetime, *, held: str | None = None) -> Eva
 
     Cost: one query for the settings of every rule (read once for the round, including the
     rules that read another rule's settings) and one for the engines, plus each rule's
-    own queries, the engines' recent samples read once per metric for all rules
+    own queries, the engines' recent samples read once per question for all rules
     (``dashboard.alerting.recent``) and the node's restarts once for the rules that judge them
     (``dashboard.alerting.restart_reads``); for a node that beats, one more for its open
     node-unreachable alert, unless the caller passes ``held``.
@@ -59,9 +59,10 @@ def evaluate_rules(node: Node, now: datetime, *, held: str | None = None) -> Eva
     if held is None:
         held = contact_hold(node, now)
     ledger = node.ledger or {}
-    engines = list(Engine.objects.filter(node=node, present=True))
+    # By name: the engines' own order (node, name) within one node, without joining the node.
+    engines = list(Engine.objects.filter(node=node, present=True).order_by("name"))
     result = Evaluation(held=held)
-    with read_once(), one_read(engines), restart_reads.one_read():
+    with read_once(), one_read(engines), restart_reads.one_read(engines):
         settings = all_rule_settings()
         for name, rule in RULES.items():
             if not settings[name].enabled or (held and name != NODE_UNREACHABLE):

@@ -52,6 +52,7 @@ import copy
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any, Literal
 
 from django.db import IntegrityError, transaction
@@ -140,22 +141,22 @@ def evaluate(
     (:func:`open_alerts_of`), for a caller that read them before its rules ran; read here when
     None.
 
-    Cost: three queries up front (two when ``open_alerts`` is passed), then a few per open
-    alert and per condition that crosses its threshold; a condition with no open alert that
-    does not cross costs none (its scope had no open alert when the round began).
+    Cost: two queries up front (one when ``open_alerts`` is passed), one for the node's
+    silences once an alert needs them, then a few per open alert and per condition that
+    crosses its threshold; a condition with no open alert that does not cross costs none (its
+    scope had no open alert when the round began).
     Raises ValueError for a condition of another node or a repeated scope, and
     :class:`~dashboard.alerting.settings.UnknownRule` for a rule not in the rule settings, before
     changing anything.
     """
     settings = all_rule_settings()
     _check_conditions(node, conditions, settings)
-    silences = list(Silence.objects.active(now).for_node(node))
     # The alerts open when the round began: read once, for the scopes a condition must match
     # and for the leftovers resolved at its end.
     if open_alerts is None:
         open_alerts = open_alerts_of(node)
     open_scopes = {alert.scope for alert in open_alerts}
-    round_ = _Round(node, now, silences, on_notice)
+    round_ = _Round(node, now, on_notice)
     notices: list[Notice] = []
     for condition in conditions:
         setting = settings[condition.rule]
@@ -276,12 +277,16 @@ class _Stored:
 class _Round:
     """One evaluation round of one node: the time, its silences and where notices go."""
 
-    def __init__(self, node: Node, now: datetime, silences: list[Silence],
-                 on_notice: NoticeSink | None) -> None:
+    def __init__(self, node: Node, now: datetime, on_notice: NoticeSink | None) -> None:
         self.node = node
         self.now = now
-        self.silences = silences
         self.on_notice = on_notice
+
+    @cached_property
+    def silences(self) -> list[Silence]:
+        """The node's silences in force at the round's time: one query, made when an alert of
+        the round first asks (a round that moves no alert makes none)."""
+        return list(Silence.objects.active(self.now).for_node(self.node))
 
     # --- conditions -----------------------------------------------------------------------
 

@@ -5,22 +5,24 @@ planned ones that failed, were interrupted or aborted), engine-down (its planned
 and memory-not-returned (those whose stop was judged "not returned"). :data:`JUDGED` is the one
 filter that holds all of them; each rule picks its own from that read with a plain test on a
 restart (:func:`judged_restarts`). During one evaluation (:func:`one_read`, which
-``evaluate_rules`` opens) the first question reads them, with their engines, in one query, and
-the others are answered from it: one query a round instead of one per rule, over no more rows
-than the rules' own queries read between them. Outside an evaluation (a rule called on its own)
-each question is its own query.
+``evaluate_rules`` opens) the first question reads them in one query, and the others are
+answered from it: one query a round instead of one per rule, over no more rows than the rules'
+own queries read between them. Their engines are the round's (read a moment before, for the
+rules); only a restart of an engine that is no longer present has its engine read, by one more
+query. Outside an evaluation (a rule called on its own) each question is its own query, and one
+for the engines when there are restarts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from django.db.models import Q
+from django.db.models import Q, prefetch_related_objects
 
-from collectors.models import Node
+from collectors.models import Engine, Node
 from dashboard.restarts.fit import NOT_RETURNED
 from dashboard.restarts.models import Restart
 
@@ -35,15 +37,14 @@ JUDGED = (Q(kind=Restart.Kind.UNPLANNED)
 
 @dataclass
 class _Read:
-    """The judged restarts read in one evaluation, by node id."""
+    """The judged restarts read in one evaluation, by node id, and the round's engines."""
 
+    engines: dict[int, Engine]
     by_node: dict[int, list[Restart]] = field(default_factory=dict)
-    queries: int = 0
 
     def restarts(self, node: Node) -> list[Restart]:
         if node.pk not in self.by_node:
-            self.by_node[node.pk] = _read(node)
-            self.queries += 1
+            self.by_node[node.pk] = _read(node, self.engines)
         return self.by_node[node.pk]
 
 
@@ -51,9 +52,10 @@ _current: ContextVar[_Read | None] = ContextVar("judged_restarts", default=None)
 
 
 @contextmanager
-def one_read() -> Iterator[None]:
-    """Within it, :func:`judged_restarts` reads each node's judged restarts once."""
-    token = _current.set(_Read())
+def one_read(engines: Iterable[Engine] = ()) -> Iterator[None]:
+    """Within it, :func:`judged_restarts` reads each node's judged restarts once; those of
+    ``engines`` (the round's, as read for it) come with these engine rows."""
+    token = _current.set(_Read(engines={engine.pk: engine for engine in engines}))
     try:
         yield
     finally:
@@ -64,11 +66,17 @@ def judged_restarts(node: Node, which: Callable[[Restart], bool]) -> list[Restar
     """``node``'s restarts for which ``which`` holds, among those :data:`JUDGED` holds, in the
     order they were requested (oldest first; ties by id). Their engines come with them."""
     read = _current.get()
-    restarts = read.restarts(node) if read is not None else _read(node)
+    restarts = read.restarts(node) if read is not None else _read(node, {})
     return [restart for restart in restarts if which(restart)]
 
 
-def _read(node: Node) -> list[Restart]:
-    """One query: ``node``'s judged restarts with their engines, oldest first."""
-    return list(Restart.objects.filter(JUDGED, node=node).select_related("engine")
-                .order_by("requested_at", "pk"))
+def _read(node: Node, engines: dict[int, Engine]) -> list[Restart]:
+    """``node``'s judged restarts with their engines, oldest first: those of ``engines`` given
+    from it, the others read. One query, and one more for the engines not given, if any
+    (joined in, the engines' columns would cost every round, also the many with no restart)."""
+    restarts = list(Restart.objects.filter(JUDGED, node=node).order_by("requested_at", "pk"))
+    for restart in restarts:
+        if restart.engine_id in engines:
+            restart.engine = engines[restart.engine_id]
+    prefetch_related_objects(restarts, "engine")  # skips the restarts given their engine
+    return restarts

@@ -76,14 +76,17 @@ def record_unplanned_restarts(node: Node, now: datetime) -> list[Restart]:
     """Turn new restart-like events of ``node`` into unplanned restarts; return those written.
 
     Cost, on a pass that finds nothing new: two queries (the node's open and recent unplanned
-    restarts, read once for every step of the pass, and its recent events)."""
+    restarts, read once for every step of the pass, and its recent events), and one more for
+    the restarts' engines when there are any."""
     restarts = _open_and_recent(node, now)
     since = _recent_since(now)
     seen_ids = {event_id for restart in restarts if restart.requested_at >= since
                 for event_id in (restart.container_state or {}).get("event_ids", [])}
+    # The engines are read by a second query, made only when there are new events: joined in,
+    # their columns cost every pass more to build than the empty answer to read.
     events = Event.objects.filter(node=node, kind__in=WATCHED_EVENTS, engine__isnull=False,
                                   at__gte=now - LOOKBACK).exclude(pk__in=seen_ids) \
-        .select_related("engine").order_by("at")
+        .prefetch_related("engine").order_by("at")
     written = []
     for event in events:
         if _explained_by_plan(event):
@@ -104,12 +107,14 @@ def _recent_since(now: datetime) -> datetime:
 
 def _open_and_recent(node: Node, now: datetime) -> list[Restart]:
     """The unplanned restarts of ``node`` whose startup is still open (:func:`_startup_open`),
-    or recent (:func:`_recent_since`), with their engines. One query."""
+    or recent (:func:`_recent_since`), with their engines. One query, and one for the engines
+    when there are any (usually there are none: joined in, the engines' columns would cost
+    every pass)."""
     return list(Restart.objects.filter(
         Q(startup_seconds__isnull=True, finished_at__isnull=True) & ~Q(after__has_key=STARTUP)
         | Q(requested_at__gte=_recent_since(now)),
         node=node, kind=Restart.Kind.UNPLANNED,
-    ).select_related("engine"))
+    ).prefetch_related("engine"))
 
 
 def _startup_open(restart: Restart) -> bool:

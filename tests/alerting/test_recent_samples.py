@@ -15,7 +15,7 @@ from collectors.readings import Sample, engine_readings
 from dashboard.alerting.evaluation import evaluate_rules
 from dashboard.alerting.models import Alert, RuleSetting
 from dashboard.alerting.pipeline import run_alerts
-from dashboard.alerting.recent import engine_samples, one_read
+from dashboard.alerting.recent import one_read, peak_value, values_since
 from dashboard.alerting.rules import prefill_stall, queue_backlog
 from dashboard.alerting.settings import rule_settings
 
@@ -50,7 +50,9 @@ def test_the_sample_queries_do_not_grow_with_the_engines(node):
     for name in "bcdef":
         _busy_engine(node, name, 16.0)
 
-    assert _sample_queries(node) == one == 2  # decode rates, waiting requests
+    # Decode rates: the peak and the values; waiting requests: the newest, and the last 30 min
+    # of the engines with a queue.
+    assert _sample_queries(node) == one == 4
 
 
 def test_rules_judge_as_they_do_alone(node):
@@ -72,13 +74,14 @@ def test_rules_judge_as_they_do_alone(node):
                                                 20.0, 20.0]
 
 
-def test_a_later_question_further_back_reads_again(node):
+def test_each_question_reads_its_own_window(node):
     engine = _busy_engine(node, "a", 16.0)
     with one_read([engine]):
-        recent = engine_samples(engine, EngineMetric.DECODE_TPS, T0 - timedelta(seconds=10))
-        older = engine_samples(engine, EngineMetric.DECODE_TPS, T0 - timedelta(minutes=10))
-    assert [at for at, _ in recent] == [T0 - timedelta(seconds=s) for s in (10, 5, 0)]
-    assert len(older) == 121 and older == sorted(older)
+        recent = values_since(engine, EngineMetric.DECODE_TPS, T0 - timedelta(seconds=10))
+        older = values_since(engine, EngineMetric.DECODE_TPS, T0 - timedelta(minutes=10))
+        peak = peak_value(engine, EngineMetric.DECODE_TPS, T0 - timedelta(seconds=10))
+    assert recent == [1.0, 1.0, 1.0] and peak == 1.0
+    assert len(older) == 121 and older[-4:] == [16.0, 1.0, 1.0, 1.0]
 
 
 def _queries_of(table: str, call) -> int:

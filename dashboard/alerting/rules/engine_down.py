@@ -42,8 +42,8 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
 
 
 def _planned_restarts_in_progress(node: Node, now: datetime) -> set[int]:
-    """Engines of ``node`` in a planned restart that has not passed its deadline (at most one
-    query: ``dashboard.alerting.restart_reads``)."""
+    """Engines of ``node`` in a planned restart that has not passed its deadline (the node's
+    judged restarts, read at most once a round: ``dashboard.alerting.restart_reads``)."""
     return {r.engine_id for r in judged_restarts(node, _planned_and_running)
             if r.deadline is None or r.deadline > now}
 

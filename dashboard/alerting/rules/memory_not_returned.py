@@ -42,9 +42,9 @@ from sparkops.units import gib, size_text
 def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
              now: datetime) -> list[Condition]:
     """One condition per engine of ``node`` whose latest stop within the rule's memory left
-    memory missing; none for the others. Cost: at most one query for the restarts (none when
-    the round has read them, ``dashboard.alerting.restart_reads``), and one per verdict for
-    reboots."""
+    memory missing; none for the others. Cost: the node's judged restarts, read at most once a
+    round (``dashboard.alerting.restart_reads``: one query, and one for engines no longer
+    present), and one query per verdict for reboots."""
     since = now - timedelta(hours=t["remember_hours"])
     latest: dict[int, tuple[Restart, dict[str, Any]]] = {}
     for restart in sorted(judged_restarts(node, _not_returned), key=_started):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import Q, prefetch_related_objects
 
 from collectors.fitplan import Figure, headroom_after, held_now
 from collectors.models import Engine, EngineStart, Node
@@ -85,7 +85,7 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
                       ledger.get("mem_total") or node.mem_total_bytes)
     by_id = {engine.pk: engine for engine in engines}
     shares = {share["engine_id"]: share for share in ledger.get("engines", [])}
-    open_starts, settled = _starts(node, now)
+    open_starts, settled = _starts(node, now, by_id)
     threats = _threats(ledger, open_starts, shares, by_id)
     starting = {threat.engine.pk for threat in threats}
     conditions: list[Condition] = []
@@ -111,13 +111,20 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
     return conditions
 
 
-def _starts(node: Node, now: datetime) -> tuple[list[EngineStart], EngineStart | None]:
+def _starts(node: Node, now: datetime,
+            engines: dict[int, Engine]) -> tuple[list[EngineStart], EngineStart | None]:
     """The node's predicted starts still loading (latest seen first), and the one that settled
-    last within ``SETTLE_WITHIN`` (None without one). One query."""
+    last within ``SETTLE_WITHIN`` (None without one), with their engines: those of ``engines``
+    (the round's, by id) given from it. One query, and one more for the engines not given, if
+    any (joined in, the engines' columns would cost every round more than the starts)."""
     starts = list(EngineStart.objects.filter(
         Q(outcome=EngineStart.Outcome.STARTING) | Q(finished_at__gte=now - SETTLE_WITHIN),
         node=node,
-    ).exclude(predicted={}).select_related("engine"))
+    ).exclude(predicted={}))
+    for start in starts:
+        if start.engine_id in engines:
+            start.engine = engines[start.engine_id]
+    prefetch_related_objects(starts, "engine")  # skips the starts given their engine
     loading = [start for start in starts if start.outcome == EngineStart.Outcome.STARTING]
     settled = max((start for start in starts if start.outcome != EngineStart.Outcome.STARTING
                    and start.finished_at is not None and start.finished_at >= now - SETTLE_WITHIN),

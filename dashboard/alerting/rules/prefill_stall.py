@@ -14,7 +14,7 @@ from typing import Any
 
 from collectors.models import Engine, EngineMetric, Node
 from dashboard.alerting.conditions import Condition
-from dashboard.alerting.recent import engine_samples
+from dashboard.alerting.recent import peak_value, values_since
 from dashboard.alerting.rules.base import Rule, ThresholdSpec, unknown_reason
 
 
@@ -59,18 +59,17 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
 
 
 def _recent_decode_peak(engine: Engine, now: datetime, seconds: float) -> float | None:
-    """The highest decode rate sampled in the last ``seconds``; None without one."""
-    values = [value for _, value in engine_samples(engine, EngineMetric.DECODE_TPS,
-                                                    now - timedelta(seconds=seconds))]
-    return max(values) if values else None
+    """The highest decode rate sampled in the last ``seconds``; None without one. Cost: one
+    grouped query a round for every engine (``dashboard.alerting.recent``)."""
+    return peak_value(engine, EngineMetric.DECODE_TPS, now - timedelta(seconds=seconds))
 
 
 def _decode_baseline(engine: Engine, now: datetime) -> float | None:
-    """The median non-zero decode rate of the last 10 min (at most 500 samples); None with
-    fewer than three samples, too few to call a rate usual."""
-    values = [value for _, value in engine_samples(engine, EngineMetric.DECODE_TPS,
-                                                    now - timedelta(minutes=10))
-              if value is not None and value > 0][:500]
+    """The median non-zero decode rate of the last 10 min (at most 500 samples, the oldest);
+    None with fewer than three samples, too few to call a rate usual. Cost: one query a round
+    for every engine's rates, without their times (``dashboard.alerting.recent``)."""
+    values = values_since(engine, EngineMetric.DECODE_TPS, now - timedelta(minutes=10),
+                          above=0)[:500]
     return statistics.median(values) if len(values) >= 3 else None
 
 

@@ -14,19 +14,21 @@ from typing import Any
 
 from collectors.models import Engine, EngineMetric, Node
 from dashboard.alerting.conditions import Condition
-from dashboard.alerting.recent import engine_samples
+from dashboard.alerting.recent import latest_value, newest_samples
 from dashboard.alerting.rules.base import Rule, ThresholdSpec, unknown_reason
 
 
 def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
              now: datetime) -> list[Condition]:
     """Requests waiting for longer than a threshold: every slot is taken."""
+    waiting = _seconds_waiting([engine for engine in engines if engine.phase == "ready"
+                                and not unknown_reason(engine, "requests")], now)
     conditions = []
     for engine in engines:
         if engine.phase != "ready":
             continue
         why = unknown_reason(engine, "requests")
-        waited = None if why else _seconds_waiting(engine, now)
+        waited = None if why else waiting[engine.pk]
         slots = _slots(engine)
         if why:
             summary = f"{engine.name}: how long requests wait is unknown — {why}"
@@ -64,11 +66,30 @@ def _slots_text(engine: Engine, slots: int | None) -> str:
     return "vLLM default" if engine.kind == "vllm" else "unknown"
 
 
-def _seconds_waiting(engine: Engine, now: datetime) -> float | None:
-    """How long requests have waited without a break, from the last 30 min of samples (the
-    latest 400 at most); None without samples, 0 when none waits now."""
-    rows = engine_samples(engine, EngineMetric.REQUESTS_WAITING,
-                          now - timedelta(minutes=30))[::-1][:400]
+def _seconds_waiting(engines: list[Engine], now: datetime) -> dict[int, float | None]:
+    """How long requests have waited without a break on each of ``engines``, by id, from the
+    last 30 min of samples (the latest 400 at most); None without samples, 0 when none waits
+    now.
+
+    Cost: the engines' newest samples, read once a round (``dashboard.alerting.recent``), and
+    one query for the last 30 min of the engines whose newest says someone waits, if any."""
+    since = now - timedelta(minutes=30)
+    waited: dict[int, float | None] = {}
+    queued = []
+    for engine in engines:
+        newest = latest_value(engine, EngineMetric.REQUESTS_WAITING, since)
+        if newest is None or newest <= 0:  # the common case: nothing more to read
+            waited[engine.pk] = None if newest is None else 0.0
+        else:
+            queued.append(engine)
+    rows = newest_samples(queued, EngineMetric.REQUESTS_WAITING, since, 400)
+    return waited | {engine.pk: _waited_seconds(rows.get(engine.pk, []), now)
+                     for engine in queued}
+
+
+def _waited_seconds(rows: list[tuple[datetime, float]], now: datetime) -> float | None:
+    """How long the figures of ``rows`` (newest first) have stayed above 0 until ``now``;
+    None without rows, 0 when the newest is not above 0."""
     if not rows:
         return None
     if rows[0][1] <= 0:

@@ -22,8 +22,9 @@ def latest_restart_conditions(node: Node, now: datetime, minutes: float, rule: s
                               ) -> list[Condition]:
     """One condition per engine of ``node`` whose latest restart for which ``which`` holds
     (among the restarts rules judge, ``dashboard.alerting.restart_reads``) is not
-    ``ignore``d: active when it ended less than ``minutes`` ago. At most one query (none
-    when the round has read the node's restarts).
+    ``ignore``d: active when it ended less than ``minutes`` ago. Cost: the node's judged
+    restarts, read at most once a round (``dashboard.alerting.restart_reads``: one query, and
+    one for engines no longer present).
 
     The value counts the restarts of the engine's episode (see :func:`episode`) while it is
     active, and is 0 after; the summary says what happened each time, so a restart folded into
