@@ -11,7 +11,9 @@ checked in ``/proc``, in the container's cgroup) and the list shows the same sta
 restart, a stop, a pause or a rename is seen there and inspected again. Where ``/proc`` or the
 cgroup files do not show the container (another PID or cgroup namespace), every container is
 inspected and its memory comes from the engine's stats call, as before. The API version is
-negotiated once per address and kept while the engine answers.
+negotiated once per address and kept while the engine answers; the periodic collection keeps its
+client too (:func:`kept_client`), and on a Unix socket makes the list call on a connection of its
+own kept open (:func:`_list_containers`), the same request docker-py makes.
 
 The calls it makes are few and fixed (list, inspect, logs, stats; stop and start for planned
 restarts; create, rename and remove only for a planned restart that recreates its container with
@@ -22,15 +24,21 @@ start and recreation are refused here, before the engine is asked, whoever calls
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import re
+import socket
+import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 import docker
 import docker.errors
+import docker.utils
 import requests.exceptions
 import urllib3.exceptions
 from django.conf import settings
@@ -151,6 +159,43 @@ def client(base_url: str | None = None) -> docker.DockerClient:
     return made
 
 
+# The collection's clients, one per engine address, kept between collections in this process:
+# making one for every collection, and opening its first connection to the engine, cost more
+# CPU than the list call it was made for. Forgotten when a discovery fails (as the negotiated
+# versions are), so the next collection starts anew; a forked child starts its own.
+_kept_clients: dict[str, docker.DockerClient] = {}
+_kept_lock = threading.Lock()
+
+
+def kept_client(base_url: str | None = None) -> docker.DockerClient:
+    """:func:`client` for the periodic collection, made once per address in this process and
+    then reused: not to be closed by the caller. Raises ContainerEngineError as :func:`client`
+    does when one has to be made."""
+    url = base_url or os.environ.get("SPARKOPS_DOCKER_HOST") or os.environ.get("DOCKER_HOST")
+    with _kept_lock:
+        kept = _kept_clients.get(url or "")
+        if kept is None:
+            kept = _kept_clients[url or ""] = client(url)
+        return kept
+
+
+def _forget_kept_clients() -> None:
+    with _kept_lock:
+        forgotten = list(_kept_clients.values())
+        _kept_clients.clear()
+    for kept in forgotten:
+        kept.close()
+
+
+def _forget_kept_clients_after_fork() -> None:
+    global _kept_clients, _kept_lock
+    # The parent's connections are not this process's to use or to close.
+    _kept_clients, _kept_lock = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_kept_clients_after_fork)
+
+
 
 
 def engine_kind(attrs: dict) -> str | None:
@@ -206,8 +251,7 @@ def discover_engines(engine: docker.DockerClient, *, proc_root: Path = Path("/pr
     global _memory_cgroups
     selector = label_selector()
     try:
-        listed = engine.api.containers(all=True, filters={"label": selector}) if selector \
-            else engine.api.containers(all=True)
+        listed = _list_containers(engine, selector)
         found = []
         running_cgroups: dict[str, Path | None] = {}
         for summary in listed:
@@ -227,11 +271,108 @@ def discover_engines(engine: docker.DockerClient, *, proc_root: Path = Path("/pr
         _api_versions.clear()
         _inspected.clear()
         _memory_cgroups = {}
+        _forget_kept_clients()
         raise ContainerEngineError(f"container engine error: {error}") from None
     for gone in _inspected.keys() - {summary["Id"] for summary in listed}:
         _inspected.pop(gone, None)
     _memory_cgroups = running_cgroups  # one assignment: a reader never sees half of it
     return found
+
+
+def _list_containers(engine: docker.DockerClient, selector: list[str]) -> list[dict]:
+    """Every container, running or not, with the labels of ``selector``: docker-py's
+    ``containers(all=True, filters={"label": selector})``.
+
+    Over a Unix socket the call is made with ``http.client`` on a connection kept between
+    collections (:func:`_listed_over_socket`): through requests and urllib3 it cost about three
+    times the CPU, every collection. Anything unexpected there is asked again through docker-py,
+    whose answer, or error, is the one that counts.
+    """
+    filters = {"label": selector} if selector else None
+    listed = _listed_over_socket(engine, filters)
+    return listed if listed is not None else engine.api.containers(all=True, filters=filters)
+
+
+class _SocketConnection(http.client.HTTPConnection):
+    """An HTTP connection to the container engine's Unix socket."""
+
+    def __init__(self, socket_path: str) -> None:
+        super().__init__("localhost", timeout=API_TIMEOUT_SECONDS)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+# Socket path -> the connection the list call is made on, kept between collections (a forked
+# child makes its own); the lock keeps one request on it at a time.
+_list_connections: dict[str, _SocketConnection] = {}
+_list_lock = threading.Lock()
+
+
+def _listed_over_socket(engine: docker.DockerClient, filters: dict | None) -> list[dict] | None:
+    """The list call of docker-py's ``containers()`` (its path, query and User-Agent) made with
+    ``http.client``; None where it is not made so (not a Unix socket, extra HTTP headers set in
+    the Docker CLI's config.json, which docker-py adds to every call) or did not give a list of
+    containers with status 200: the caller then asks docker-py."""
+    api = engine.api
+    adapters = getattr(api, "adapters", None)
+    socket_path = getattr(adapters.get("http+docker://"), "socket_path", None) \
+        if isinstance(adapters, dict) else None
+    general = getattr(api, "_general_configs", None)
+    if not isinstance(socket_path, str) or not isinstance(general, dict) \
+            or "HttpHeaders" in general:
+        return None
+    # docker-py's parameters, in its order (docker/api/container.py, containers()).
+    query = {"limit": -1, "all": 1, "size": 0, "trunc_cmd": 0}
+    if filters:
+        query["filters"] = docker.utils.convert_filters(filters)
+    target = f"/v{api.api_version}/containers/json?{urllib.parse.urlencode(query)}"
+    headers = {"User-Agent": str(api.headers.get("User-Agent", ""))}
+    with _list_lock:
+        for _attempt in range(2):  # an idle kept connection may have been closed by the engine
+            connection = _list_connections.get(socket_path)
+            reused = connection is not None
+            if connection is None:
+                connection = _list_connections[socket_path] = _SocketConnection(socket_path)
+            try:
+                connection.request("GET", target, headers=headers)
+                response = connection.getresponse()
+                body = response.read()
+            except (OSError, http.client.HTTPException):
+                connection.close()
+                _list_connections.pop(socket_path, None)
+                if reused:
+                    continue
+                return None
+            if response.status != 200 or response.will_close:
+                connection.close()
+                _list_connections.pop(socket_path, None)
+            if response.status != 200:
+                return None
+            try:
+                listed = json.loads(body)
+            except ValueError:
+                return None
+            fine = isinstance(listed, list) and all(
+                isinstance(summary, dict) and "Id" in summary for summary in listed)
+            return listed if fine else None
+    return None
+
+
+def _forget_list_connections_after_fork() -> None:
+    global _list_connections, _list_lock
+    _list_connections, _list_lock = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_list_connections_after_fork)
 
 
 # container id -> the directory of its memory cgroup, for the engines the last discovery in this

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
@@ -359,11 +360,17 @@ def read_gpus(nvml: Any = pynvml, *, host_memory_bytes: int | None = None) -> Gp
 
     Cost: one nvmlInit/nvmlShutdown pair and about 20 NVML calls per device. nvmlInit can take
     a second or more on a node without the persistence daemon, so call this from a periodic
-    collector task, not from a web request.
+    collector task, not from a web request. Where pynvml found no NVML library, nothing is
+    asked for :data:`NO_LIBRARY_RECHECK_SECONDS`: the same report comes back.
     """
+    global _no_library_until
+    if nvml is pynvml and time.monotonic() < _no_library_until:
+        return GpuReport(state="no_driver", reason=_NO_LIBRARY)
     try:
         nvml.nvmlInit()
     except (pynvml.NVMLError_LibraryNotFound, pynvml.NVMLError_DriverNotLoaded) as exc:
+        if nvml is pynvml and isinstance(exc, pynvml.NVMLError_LibraryNotFound):
+            _no_library_until = time.monotonic() + NO_LIBRARY_RECHECK_SECONDS
         return GpuReport(state="no_driver", reason=_no_driver_reason(exc))
     except pynvml.NVMLError_LibRmVersionMismatch:
         return GpuReport(
@@ -381,9 +388,18 @@ def read_gpus(nvml: Any = pynvml, *, host_memory_bytes: int | None = None) -> Gp
         _shutdown(nvml)
 
 
+# pynvml's nvmlInit asks the dynamic loader for libnvidia-ml.so.1 again at every call while it
+# has not loaded it (pynvml.py, _LoadNvmlLibrary), a search of the library path each collection
+# on a node without the driver. That answer changes only when a driver is installed, so it is
+# taken as it stands for this long (monotonic clock) in this process.
+NO_LIBRARY_RECHECK_SECONDS = 300.0
+_no_library_until = 0.0
+_NO_LIBRARY = "no NVIDIA driver: libnvidia-ml.so.1 not found"
+
+
 def _no_driver_reason(exc: Exception) -> str:
     if isinstance(exc, pynvml.NVMLError_LibraryNotFound):
-        return "no NVIDIA driver: libnvidia-ml.so.1 not found"
+        return _NO_LIBRARY
     return "no NVIDIA driver: the NVIDIA kernel module is not loaded"
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Container
+from functools import lru_cache
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -69,13 +70,29 @@ def _plain_samples(text: str, wanted: Container[str]) -> list[Sample]:
             family, kind, allowed = "", "untyped", ()
         if name not in wanted:
             continue
-        labels = dict(_LABEL_PAIR.findall(labels_text)) if labels_text else {}
-        if "__name__" in labels or (labels_text and len(labels) != labels_text.count('="')):
-            raise _NotPlain
+        labels = dict(_label_pairs(labels_text)) if labels_text else {}
         found.append((name, labels, _value(value_text)))
     return found
 
 
+# An engine writes the same label sets and comments at every scrape (its model, engine, bucket
+# bounds, help texts), so what they say is kept across reads, a few thousand of each at most: a
+# label set found there costs a dict of its pairs, a fraction of reading it again. Refusals
+# (_NotPlain) are not kept.
+_KEPT = 4096
+
+
+@lru_cache(maxsize=_KEPT)
+def _label_pairs(labels_text: str) -> tuple[tuple[str, str], ...]:
+    """The ``(name, value)`` pairs of the text inside a plain sample's braces."""
+    pairs = tuple(_LABEL_PAIR.findall(labels_text))
+    names = {name for name, _ in pairs}
+    if "__name__" in names or len(names) != labels_text.count('="'):
+        raise _NotPlain
+    return pairs
+
+
+@lru_cache(maxsize=_KEPT)
 def _comment(line: str, family: str, kind: str,
              allowed: tuple[str, ...]) -> tuple[str, str, tuple[str, ...]]:
     """The family that a HELP or TYPE comment opens (other comments change nothing)."""
@@ -100,10 +117,13 @@ def _value(text: str) -> float:
     """A sample's value as the library reads it (an integer or a float; no underscores)."""
     if "_" in text:
         raise _NotPlain
-    try:
-        return float(int(text))
-    except ValueError:
-        pass
+    # int() never reads a point or an exponent: such a value (most of what engines write, "3.0")
+    # goes straight to float() rather than through a raised ValueError first.
+    if "." not in text and "e" not in text and "E" not in text:
+        try:
+            return float(int(text))
+        except ValueError:
+            pass
     try:
         return float(text)
     except ValueError:

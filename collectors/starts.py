@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Q
+from django.db import connection
 
 from collectors.fitplan import Figure, History, Plan, PlanError, PlanRequest, plan
 from collectors.ledger import LOADING_PHASES, engine_share
@@ -72,9 +72,7 @@ def observe_starts(node: Node, engines: Iterable[Engine], now: datetime) -> list
     present = [engine for engine in engines
                # A model adopted from a router starts inside the router's container.
                if not (engine.config or {}).get("router")]
-    read = list(EngineStart.objects.filter(
-        Q(identity__in=[engine.start_identity for engine in present])
-        | Q(outcome=EngineStart.Outcome.STARTING), node=node))
+    read = starts_to_look_at(node, [engine.start_identity for engine in present])
     known = {(start.engine_id, start.identity): start for start in read}
     seen_ids = set()
     still_open = []
@@ -98,6 +96,29 @@ def observe_starts(node: Node, engines: Iterable[Engine], now: datetime) -> list
         (EngineStart.objects.filter(pk__in=unseen, outcome=EngineStart.Outcome.STARTING)
          .update(outcome=EngineStart.Outcome.GONE, finished_at=now))
     return still_open
+
+
+def starts_to_look_at(node: Node, identities: list[str]) -> list[EngineStart]:
+    """The node's starts with one of ``identities`` and its open ones, in no order (each is
+    looked up by its engine and identity): the ORM's ``filter(Q(identity__in=identities) |
+    Q(outcome=STARTING), node=node)``.
+
+    Cost: one query, written here: the ORM spent twice the CPU of reading the rows building it
+    and ordering them by the model's order (four engines' starts: 0.65 ms through the ORM, 0.23
+    ms so), after every engine collection.
+    """
+    quote = connection.ops.quote_name
+    meta = EngineStart._meta
+
+    def column(name: str) -> str:
+        return quote(meta.get_field(name).column)
+
+    wanted = f"{column('outcome')} = %s"
+    if identities:  # an empty IN list is not SQL; the ORM leaves the condition out
+        wanted = f"{column('identity')} IN ({', '.join(['%s'] * len(identities))}) OR {wanted}"
+    return list(EngineStart.objects.raw(
+        f"SELECT * FROM {quote(meta.db_table)} WHERE {column('node')} = %s AND ({wanted})",
+        [node.pk, *identities, EngineStart.Outcome.STARTING]))
 
 
 def _advance(start: EngineStart, engine: Engine, node: Node, engines: list[Engine],

@@ -112,14 +112,10 @@ def collect_engines(node_name: str) -> int:
     gpu = read_gpus(host_memory_bytes=node.mem_total_bytes)
     record_gpu_report(node, gpu, now)
     try:
-        api, api_error = docker_api.client(), ""
+        api, api_error = docker_api.kept_client(), ""
     except docker_api.ContainerEngineError as error:
         api, api_error = None, str(error)
-    try:
-        return len(engines.collect_engines(node, api, now, gpu=gpu, api_error=api_error))
-    finally:
-        if api is not None:
-            api.close()
+    return len(engines.collect_engines(node, api, now, gpu=gpu, api_error=api_error))
 
 
 # --- the flight recorder (collectors.flightrecorder) ---------------------------------------------

@@ -32,9 +32,10 @@ position, 0.8-0.33, only with ``--speculative-config``) and, for V0 engines (vll
 0.6-0.10), from its accepted and draft token counters and its two gauges, which V0 sets to NaN
 before the first draft.
 
-Cost: one pass of line filtering, then one regular expression per line kept (about 0.6 ms
-of CPU for a vLLM 0.33 scrape, from 1.7 ms in the prometheus_client parser), then one pass
-over the samples.
+Cost: one regular expression over the text, which passes over the unused lines in runs, then
+one regular expression per line kept (about 0.35 ms of CPU for a vLLM 0.33 scrape of 40 KB, from
+0.6 ms when every line was filtered in Python and 1.7 ms in the prometheus_client parser), then
+one pass over the samples.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from itertools import pairwise
-from typing import Any
+from typing import Any, NamedTuple
 
 from collectors import promtext
 
@@ -288,8 +289,7 @@ def parse_engines(text: str) -> tuple[MetricsSnapshot, ...]:
 # --- reading ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Sample:
+class _Sample(NamedTuple):
     name: str
     labels: Mapping[str, str]
     value: float
@@ -339,29 +339,83 @@ _USED_FAMILIES = frozenset(
 _SAMPLE_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 
+def _alternation(names: Iterable[str]) -> str:
+    """A regular expression matching any of ``names``, written as a tree of their common
+    prefixes: the regular expression engine tries the branches of an alternation one by one, and
+    some 60 names that all start with ``vllm:`` would each be compared from their start."""
+    tree: dict[str, dict] = {}
+    for name in names:
+        node = tree
+        for char in name:
+            node = node.setdefault(char, {})
+        node[""] = {}  # a name ends here
+
+    def written(node: dict[str, dict]) -> str:
+        branches = [re.escape(char) + written(child)
+                    for char, child in sorted(node.items()) if char]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else f"(?:{'|'.join(branches)})"
+        return f"(?:{body})?" if "" in node else body
+
+    return written(tree)
+
+
+_USED_NAME = _alternation(_USED)
+_USED_FAMILY = _alternation(_USED_FAMILIES)
+# A line that plainly names a family SparkOps does not read, as :func:`_plainly_unused` tells
+# it, in the form engines write it (nothing before the name, a single blank in a comment): a
+# sample (a name followed by blanks and more, or by ``{...}``) or a HELP or TYPE comment. It
+# only ever matches lines :func:`_plainly_unused` drops; any other line is looked at by it.
+_UNUSED_LINE = (
+    rf"(?!{_USED_NAME}[ \t{{])[a-zA-Z_:][a-zA-Z0-9_:]*(?:[ \t]+\S|\{{[^\n]*\}})[^\n]*"
+    rf"|# (?:HELP|TYPE) (?!{_USED_FAMILY}[ \t\n])\S+(?:[ \t][^\n]*)?"
+)
+# A line that plainly names a family SparkOps reads: :func:`_plainly_unused` keeps it.
+_USED_LINE = rf"(?:{_USED_NAME}(?![a-zA-Z0-9_:])|# (?:HELP|TYPE) {_USED_FAMILY}(?=[ \t\n]))"
+# A run of unused lines (skipped), then one line: a used one (group 1) or any other (group 2).
+_NEXT_LINE = re.compile(rf"(?:(?:{_UNUSED_LINE})\n)*(?:({_USED_LINE}[^\n]*)|([^\n]*))\n")
+
+
 def _used_lines(text: str) -> str:
     """``text`` without the samples and comments of families SparkOps does not read.
 
-    A line is dropped only when it plainly names such a family (a sample name followed by a
-    blank or by a closed ``{...}``; a HELP or TYPE comment): anything else, whatever it is, is
-    kept, so text that is not Prometheus text is still refused by the parser, with its reason.
+    A line is dropped only when it plainly names such a family (:func:`_plainly_unused`):
+    anything else, whatever it is, is kept, so text that is not Prometheus text is still
+    refused by the parser, with its reason. The lines engines write are told apart by one
+    regular expression, which skips the unused ones in runs; only the rest are looked at one by
+    one. Cost: about 0.15 ms of CPU for a vLLM 0.33 scrape of 40 KB, of which a tenth of the
+    lines are kept (a loop over every line: 0.28 ms).
     """
     kept = []
-    for line in text.split("\n"):
-        stripped = line.strip()
-        if stripped.startswith("#"):
-            parts = stripped.split(None, 3)
-            if len(parts) >= 3 and parts[1] in ("HELP", "TYPE") \
-                    and parts[2] not in _USED_FAMILIES:
-                continue
-        else:
-            name = _SAMPLE_NAME.match(stripped)
-            after = stripped[name.end():name.end() + 1] if name is not None else ""
-            plain = after in (" ", "\t") or (after == "{" and "}" in stripped)
-            if plain and name.group() not in _USED:
-                continue
-        kept.append(line)
+    end = 0
+    for match in _NEXT_LINE.finditer(text):
+        used, other = match.groups()
+        if used is not None:
+            kept.append(used)
+        elif not _plainly_unused(other):
+            kept.append(other)
+        end = match.end()
+    # Every line ending in a line feed was matched, in order; what follows the last one (empty
+    # when the text ends with a line feed) is the last line.
+    tail = text[end:]
+    if not _plainly_unused(tail):
+        kept.append(tail)
     return "\n".join(kept)
+
+
+def _plainly_unused(line: str) -> bool:
+    """Whether ``line`` plainly names a family SparkOps does not read: a sample name followed
+    by a blank or by a closed ``{...}``, or a HELP or TYPE comment."""
+    stripped = line.strip()
+    if stripped.startswith("#"):
+        parts = stripped.split(None, 3)
+        return len(parts) >= 3 and parts[1] in ("HELP", "TYPE") \
+            and parts[2] not in _USED_FAMILIES
+    name = _SAMPLE_NAME.match(stripped)
+    after = stripped[name.end():name.end() + 1] if name is not None else ""
+    plain = after in (" ", "\t") or (after == "{" and "}" in stripped)
+    return plain and name.group() not in _USED
 
 
 class _SampleIndex:
