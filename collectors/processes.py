@@ -96,8 +96,9 @@ def process_table(proc_root: Path = Path("/proc")) -> list[tuple[int, str, int |
         name = stat[stat.find(b"(") + 1:end].decode("utf-8", "surrogateescape")
         if len(name) >= COMM_LENGTH:
             # The start time (the 22nd field) tells this process from an earlier one of its PID.
-            started = (stat[end + 2:].split() or [b""])[STARTTIME_INDEX:][:1]
-            identity = (pid, started[0] if started else b"", name)
+            fields = stat[end + 2:].split()
+            started = fields[STARTTIME_INDEX] if len(fields) > STARTTIME_INDEX else b""
+            identity = (pid, started, name)
             long_named.add(identity)
             try:
                 name = _completed_names.completed(root, *identity)
