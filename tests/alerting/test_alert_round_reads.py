@@ -27,6 +27,7 @@ from dashboard.alerting.recent import one_read
 from dashboard.alerting.restart_reads import judged_restarts
 from dashboard.alerting.restart_reads import one_read as restarts_once
 from dashboard.alerting.rules import predicted_squeeze, prefill_stall, queue_backlog
+from dashboard.alerting.rules.queue_backlog import _waited_seconds
 from dashboard.alerting.settings import rule_settings
 from dashboard.restarts.models import Restart
 
@@ -56,17 +57,10 @@ def _every_row(engine: Engine, metric: int, since: datetime) -> list[tuple[datet
 
 
 def _waited_by_every_row(engine: Engine, now: datetime) -> float | None:
+    """The rule's own reckoning over every row of the last 30 minutes (the newest 400): what
+    differs between the two is only which rows reach it."""
     rows = _every_row(engine, WAITING, now - timedelta(minutes=30))[::-1][:400]
-    if not rows:
-        return None
-    if rows[0][1] <= 0:
-        return 0.0
-    since = rows[0][0]
-    for at, value in rows:
-        if value <= 0:
-            break
-        since = at
-    return (now - since).total_seconds()
+    return _waited_seconds(rows, now)
 
 
 def _decode_by_every_row(engine: Engine, now: datetime,
