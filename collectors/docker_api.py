@@ -187,15 +187,6 @@ def _forget_kept_clients() -> None:
         kept.close()
 
 
-def _forget_kept_clients_after_fork() -> None:
-    global _kept_clients, _kept_lock
-    # The parent's connections are not this process's to use or to close.
-    _kept_clients, _kept_lock = {}, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_kept_clients_after_fork)
-
-
 
 
 def engine_kind(attrs: dict) -> str | None:
@@ -367,12 +358,14 @@ def _listed_over_socket(engine: docker.DockerClient, filters: dict | None) -> li
     return None
 
 
-def _forget_list_connections_after_fork() -> None:
-    global _list_connections, _list_lock
+def _forget_connections_after_fork() -> None:
+    """A forked child's: the parent's kept clients and connections are not its to use or close."""
+    global _kept_clients, _kept_lock, _list_connections, _list_lock
+    _kept_clients, _kept_lock = {}, threading.Lock()
     _list_connections, _list_lock = {}, threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forget_list_connections_after_fork)
+os.register_at_fork(after_in_child=_forget_connections_after_fork)
 
 
 # container id -> the directory of its memory cgroup, for the engines the last discovery in this
