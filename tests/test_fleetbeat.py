@@ -4,6 +4,7 @@ re-read every few seconds, and the stack's beat thread running it."""
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -195,3 +196,31 @@ def test_the_stacks_beat_thread_runs_the_fleet_scheduler_unless_told_otherwise(t
     step = stackworker.BeatThread(parent, beat_thread=True)
     step.create(parent)
     assert step.service.scheduler_cls == FLEET_SCHEDULER
+
+
+@pytest.mark.django_db
+def test_the_scheduler_sleeps_until_an_entry_is_due_instead_of_spinning(
+        configured, monkeypatch, tmp_path):
+    # One entry due every 0.1 s, ticked for a second as Celery's beat service ticks (sleeping
+    # whatever delay a tick returns). Celery's own delay ends 10 ms early and then asks for no
+    # sleep at all until the entry is due: a hundred ticks or so per send. Waking when the entry
+    # is due takes a tick or two per send.
+    every = 0.1
+    monkeypatch.setitem(app.conf, "beat_schedule", {
+        "often": {"task": COLLECT_HOST_MEMORY, "schedule": every, "args": ("central",)}})
+    scheduler = FleetScheduler(app=app, schedule_filename=str(tmp_path / "schedule"))
+    sends = []
+    monkeypatch.setattr(scheduler, "apply_entry",
+                        lambda entry, producer=None: sends.append(entry.name))
+    try:
+        ticks, end = 0, time.monotonic() + 1.0
+        while time.monotonic() < end:
+            delay = scheduler.tick()
+            ticks += 1
+            if delay and delay > 0:
+                time.sleep(max(0.0, min(delay, end - time.monotonic())))
+    finally:
+        scheduler.close()
+
+    assert sends.count("often") >= 3
+    assert ticks <= 4 * len(sends) + 10, (ticks, len(sends))
