@@ -187,8 +187,6 @@ def _forget_kept_clients() -> None:
         kept.close()
 
 
-
-
 def engine_kind(attrs: dict) -> str | None:
     """The engine kind an inspected container runs (``collectors.kinds.kind_of``: the label
     ``sparkops.engine=<kind>`` first, ``none`` to opt out, then its command, then its image),
