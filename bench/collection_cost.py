@@ -6,8 +6,10 @@ reaped children; wall: ``time.perf_counter()``):
 
 * **engines** — the ``collect_engines`` task body: NVML, the Docker API (list, inspect and
   stats of every container), every ``/metrics`` scraped in parallel, rates, rows written;
-* **ledger** — ``update_ledger``: the process table, the engines' shares, ledger changes;
-* **alerts** — ``run_alerts``: every rule evaluated, alert rows moved, outbox written;
+* **ledger** — ``update_ledger`` on the node's row as the host collection task reads it
+  (``local_node``): the process table, the engines' shares, ledger changes;
+* **alerts** — the ``evaluate_alerts`` task body: the node's row, every rule evaluated, alert
+  rows moved, outbox written;
 * **host window** — ``collect_host_memory`` watching MemAvailable for the whole interval
   (0.1 s reads) and storing the collection; its wall time is the interval by design, and it
   does not depend on the engine count, so it is measured once.
@@ -80,17 +82,14 @@ class Cycle:
         from django.utils import timezone
 
         from collectors.ledger import update_ledger
+        from collectors.nodes import local_node
 
-        self.node.refresh_from_db()
-        update_ledger(self.node, figures, timezone.now())
+        update_ledger(local_node(), figures, timezone.now())
 
     def alerts(self) -> None:
-        from django.utils import timezone
+        from dashboard.alerting.tasks import evaluate_alerts
 
-        from dashboard.alerting.pipeline import run_alerts
-
-        self.node.refresh_from_db()
-        run_alerts(self.node, timezone.now())
+        evaluate_alerts(self.node_name)  # a Celery task called directly runs in-process
 
     def host_window(self) -> None:
         from django.conf import settings

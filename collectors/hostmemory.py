@@ -25,6 +25,7 @@ from collectors.models import Collection, HostReading, Metric, Node
 from collectors.procfs import BudgetReading, Procfs
 from collectors.readings import HOST, Sample
 from collectors.sampling import PACED, Clock, WindowReading, stale_after, watch_host_memory
+from sparkops.prepared import PreparedRead
 
 # meminfo field -> stored metric
 _FIELD_METRICS = {
@@ -217,6 +218,14 @@ class LatestCollection:
         return self.collection.error if self.collection is not None and not self.ok else ""
 
 
+# A node's latest collection, and its host reading at a time (prepared reads: every alert round
+# and every overview poll makes them).
+_LATEST_COLLECTION = PreparedRead(lambda node_id: Collection.objects.filter(node_id=node_id)
+                                  .order_by("-at")[:1])
+_HOST_READING_AT = PreparedRead(lambda node_id, at: HostReading.objects
+                                .filter(node_id=node_id, at=at)[:1])  # unique: one or none
+
+
 def latest_collection(node: Node, now: datetime, interval: float, metrics: Iterable[int]
                       ) -> LatestCollection:
     """Read ``node``'s latest collection as of ``now`` and its samples of ``metrics``.
@@ -226,13 +235,14 @@ def latest_collection(node: Node, now: datetime, interval: float, metrics: Itera
     choice. Cost: two indexed queries (the latest collection, then its reading); one when there
     is no successful latest collection.
     """
-    latest = Collection.objects.filter(node=node).order_by("-at").first()
-    if latest is None:
+    found = _LATEST_COLLECTION(node.pk)
+    if not found:
         return LatestCollection(None, None, True, {})
+    latest = found[0]
     age = (now - latest.at).total_seconds()
     samples: dict[int, Sample] = {}
     if latest.ok:
-        reading = HostReading.objects.filter(node=node, at=latest.at).first()
-        if reading is not None:
-            samples = HOST.samples(reading, metrics)
+        readings = _HOST_READING_AT(node.pk, latest.at)
+        if readings:
+            samples = HOST.samples(readings[0], metrics)
     return LatestCollection(latest, age, age > stale_after(interval), samples)

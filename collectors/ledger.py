@@ -42,6 +42,7 @@ from collectors.procfs import (
     container_ids_for_pids,
     in_memory_cgroup,
 )
+from collectors.reads import present_engines
 from collectors.vllm.sleep import held_while_asleep
 from sparkops.units import GIB
 
@@ -410,7 +411,7 @@ def record_prefill_observation(engines: list[Engine], previous_available: int | 
 def update_ledger(node: Node, figures: dict[str, Any], now: datetime) -> Ledger:
     """After a collection: rebuild the node's ledger, record what changed, and learn prefill
     needs from the interval's dip. Engine processes are left out of "everything else"."""
-    engines = list(Engine.objects.filter(node=node, present=True))
+    engines = present_engines(node)
     container_ids = {e.container_id for e in engines if e.container_state == "running"}
     processes = engine_processes(container_ids)
     engine_pids = {pid for pids in processes.values() for pid in pids}

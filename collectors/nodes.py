@@ -9,6 +9,7 @@ from django.conf import settings
 from collectors.meminfo import parse_meminfo
 from collectors.models import Node
 from collectors.procfs import Procfs, ProcfsError
+from collectors.reads import node_named
 
 
 def local_procfs() -> Procfs:
@@ -22,9 +23,11 @@ def local_node() -> Node:
 
     MemTotal is read from the machine (GB10 units report 119.7–121.7 GiB; never assume 128).
     """
-    node, created = Node.objects.get_or_create(
-        name=settings.SPARKOPS_NODE_NAME, defaults={"hostname": socket.gethostname()}
-    )
+    node, created = node_named(settings.SPARKOPS_NODE_NAME), False
+    if node is None:  # the first time: created (or made meanwhile by another process)
+        node, created = Node.objects.get_or_create(
+            name=settings.SPARKOPS_NODE_NAME, defaults={"hostname": socket.gethostname()}
+        )
     if created or node.mem_total_bytes is None:
         try:
             node.mem_total_bytes = parse_meminfo(local_procfs().meminfo()).get("MemTotal")

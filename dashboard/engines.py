@@ -12,6 +12,7 @@ from datetime import datetime
 
 from collectors.enginecard import engine_card
 from collectors.models import Engine, EngineMetric, EngineStart, Event, Node
+from collectors.reads import present_engines
 from collectors.starts import figure_errors
 from dashboard.downsample import break_long_gaps, downsample
 from dashboard.memory import RANGES, gap_step_seconds
@@ -37,7 +38,7 @@ def duration_text(seconds: float | None) -> str:
 
 
 def node_engine_cards(node: Node) -> list[dict]:
-    return [engine_card(e) for e in Engine.objects.filter(node=node, present=True)]
+    return [engine_card(e) for e in present_engines(node)]
 
 
 ENGINE_SERIES = [

@@ -25,11 +25,11 @@ import docker
 import docker.errors
 import pynvml
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from django.db import DatabaseError, connection
 from django.db.models import Q
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
 
 from collectors import docker_api, nvml, promtext
 from collectors.engines import _insert_readings, _json_copy, _node_engines, _write_changed

@@ -202,9 +202,9 @@ def test_the_stacks_beat_thread_runs_the_fleet_scheduler_unless_told_otherwise(t
 def test_the_scheduler_sleeps_until_an_entry_is_due_instead_of_spinning(
         configured, monkeypatch, tmp_path):
     # One entry due every 0.1 s, ticked for about a second as Celery's beat service ticks
-    # (sleeping whatever delay a tick returns, here at most the entry's 0.1 s). Celery's own delay ends 10 ms early and then asks for no
-    # sleep at all until the entry is due: a hundred ticks or so per send. Waking when the entry
-    # is due takes a tick or two per send.
+    # (sleeping whatever delay a tick returns, here at most the entry's 0.1 s). Celery's own
+    # delay ends 10 ms early and then asks for no sleep at all until the entry is due: a
+    # hundred ticks or so per send. Waking when the entry is due takes a tick or two per send.
     every = 0.1
     monkeypatch.setitem(app.conf, "beat_schedule", {
         "often": {"task": COLLECT_HOST_MEMORY, "schedule": every, "args": ("central",)}})

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from collectors.heartbeat import is_unreachable
-from collectors.models import Engine, Node
+from collectors.models import Node
+from collectors.reads import present_engines
 from dashboard.alerting import restart_reads
 from dashboard.alerting.conditions import Condition
 from dashboard.alerting.lifecycle import OpenAlert, open_alerts_of
@@ -59,8 +60,7 @@ def evaluate_rules(node: Node, now: datetime, *, held: str | None = None) -> Eva
     if held is None:
         held = contact_hold(node, now)
     ledger = node.ledger or {}
-    # By name: the engines' own order (node, name) within one node, without joining the node.
-    engines = list(Engine.objects.filter(node=node, present=True).order_by("name"))
+    engines = present_engines(node)
     result = Evaluation(held=held)
     with read_once(), one_read(engines), restart_reads.one_read(engines):
         settings = all_rule_settings()

@@ -70,6 +70,7 @@ from dashboard.alerting.models import (
     Silence,
 )
 from dashboard.alerting.settings import EffectiveSetting, UnknownRule, all_rule_settings
+from sparkops.prepared import PreparedRead
 
 NoticeKind = Literal["firing", "resolved", "repeat", "updated"]
 
@@ -109,10 +110,15 @@ class OpenAlert:
     started_at: datetime
 
 
+_OPEN_ALERTS = PreparedRead(lambda node_id: Alert.objects
+                            .filter(node_id=node_id, state__in=OPEN_STATES)
+                            .values_list("pk", "rule", "scope", "started_at"))
+
+
 def open_alerts_of(node: Node) -> list[OpenAlert]:
-    """The alerts of ``node`` open now (pending or firing). One query."""
-    return [OpenAlert(*row) for row in Alert.objects.filter(node=node, state__in=OPEN_STATES)
-            .values_list("pk", "rule", "scope", "started_at")]
+    """The alerts of ``node`` open now (pending or firing). One query (prepared: it runs every
+    round)."""
+    return [OpenAlert(*row) for row in _OPEN_ALERTS(node.pk)]
 
 
 def evaluate(

@@ -30,6 +30,7 @@ from django.db.models import Max, OuterRef, QuerySet, Subquery
 
 from collectors.models import Engine
 from collectors.readings import ENGINE
+from sparkops.prepared import PreparedRead
 
 Rows = list[tuple[datetime, float]]
 # What one question read for its engines: engine id -> its answer (absent: nothing read).
@@ -76,11 +77,8 @@ def latest_value(engine: Engine, metric: int, since: datetime) -> float | None:
     Cost: one query for the round's engines (the newest reading of each that holds one, found
     from its end of the readings' (engine, time) index)."""
     def read(engine_ids: frozenset[int]) -> ByEngine:
-        newest = ENGINE.holding(metric).filter(engine_id=OuterRef("pk"), at__gte=since) \
-            .order_by("-at").values("value")[:1]
-        return {engine_id: value for engine_id, value in Engine.objects
-                .filter(pk__in=engine_ids).annotate(newest=Subquery(newest))
-                .order_by().values_list("pk", "newest") if value is not None}
+        return {engine_id: value for engine_id, value
+                in _prepared(_latest, metric)(sorted(engine_ids), since) if value is not None}
     return _asked(engine, ("latest", metric, since), read).get(engine.pk)
 
 
@@ -88,8 +86,7 @@ def peak_value(engine: Engine, metric: int, since: datetime) -> float | None:
     """``engine``'s largest figure of ``metric`` at or after ``since``; None without one.
     Cost: one grouped query for the round's engines."""
     def read(engine_ids: frozenset[int]) -> ByEngine:
-        return dict(_since(engine_ids, metric, since).values("engine_id")
-                    .annotate(peak=Max(ENGINE.column(metric))).values_list("engine_id", "peak"))
+        return dict(_prepared(_peak, metric)(sorted(engine_ids), since))
     return _asked(engine, ("peak", metric, since), read).get(engine.pk)
 
 
@@ -98,12 +95,8 @@ def values_since(engine: Engine, metric: int, since: datetime, *,
     """``engine``'s figures of ``metric`` at or after ``since`` (only those above ``above``,
     when given), oldest first, without their times. Cost: one query for the round's engines."""
     def read(engine_ids: frozenset[int]) -> ByEngine:
-        rows = _since(engine_ids, metric, since)
-        if above is not None:
-            rows = rows.filter(value__gt=above)
         found: ByEngine = {}
-        for engine_id, value in rows.order_by("engine_id", "at").values_list("engine_id",
-                                                                             "value"):
+        for engine_id, value in _prepared(_values, metric)(sorted(engine_ids), since, above):
             found.setdefault(engine_id, []).append(value)
         return found
     return _asked(engine, ("values", metric, since, above), read).get(engine.pk, [])
@@ -117,15 +110,56 @@ def newest_samples(engines: list[Engine], metric: int, since: datetime,
     if not engines:
         return {}
     found: dict[int, Rows] = {}
-    for engine_id, at, value in _since(frozenset(engine.pk for engine in engines), metric,
-                                       since).order_by("engine_id", "-at") \
-            .values_list("engine_id", "at", "value"):
+    for engine_id, at, value in _prepared(_newest, metric)(sorted(engine.pk for engine in engines),
+                                                           since):
         rows = found.setdefault(engine_id, [])
         if len(rows) < limit:
             rows.append((at, value))
     return found
 
 
-def _since(engine_ids: frozenset[int], metric: int, since: datetime) -> QuerySet:
+def _since(engine_ids: Iterable[int], metric: int, since: datetime) -> QuerySet:
     """The engines' readings that hold a figure of ``metric`` at or after ``since``."""
     return ENGINE.holding(metric).filter(engine_id__in=engine_ids, at__gte=since)
+
+
+# The questions of a round, each a prepared read per metric (the metric names the column):
+# they run after every collection.
+def _latest(metric: int) -> PreparedRead:
+    def build(engine_ids: list[int], since: datetime) -> QuerySet:
+        newest = ENGINE.holding(metric).filter(engine_id=OuterRef("pk"), at__gte=since) \
+            .order_by("-at").values("value")[:1]
+        return Engine.objects.filter(pk__in=engine_ids).annotate(newest=Subquery(newest)) \
+            .order_by().values_list("pk", "newest")
+    return PreparedRead(build)
+
+
+def _peak(metric: int) -> PreparedRead:
+    return PreparedRead(lambda engine_ids, since: _since(engine_ids, metric, since)
+                        .values("engine_id").annotate(peak=Max(ENGINE.column(metric)))
+                        .values_list("engine_id", "peak"))
+
+
+def _values(metric: int) -> PreparedRead:
+    def build(engine_ids: list[int], since: datetime, above: float | None) -> QuerySet:
+        rows = _since(engine_ids, metric, since)
+        if above is not None:
+            rows = rows.filter(value__gt=above)
+        return rows.order_by("engine_id", "at").values_list("engine_id", "value")
+    return PreparedRead(build)
+
+
+def _newest(metric: int) -> PreparedRead:
+    return PreparedRead(lambda engine_ids, since: _since(engine_ids, metric, since)
+                        .order_by("engine_id", "-at").values_list("engine_id", "at", "value"))
+
+
+_reads: dict[tuple[Callable[[int], PreparedRead], int], PreparedRead] = {}
+
+
+def _prepared(question: Callable[[int], PreparedRead], metric: int) -> PreparedRead:
+    """The prepared read of ``question`` about ``metric`` (made once)."""
+    key = (question, int(metric))
+    if key not in _reads:
+        _reads[key] = question(int(metric))
+    return _reads[key]

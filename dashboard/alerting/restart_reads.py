@@ -25,6 +25,7 @@ from django.db.models import Q, prefetch_related_objects
 from collectors.models import Engine, Node
 from dashboard.restarts.fit import NOT_RETURNED
 from dashboard.restarts.models import Restart
+from sparkops.prepared import PreparedRead
 
 # A planned restart that ended badly (restart-failed) or is running (engine-down holds its
 # engine); every unplanned one.
@@ -33,6 +34,10 @@ ENDED_BADLY = (Restart.Status.FAILED, Restart.Status.INTERRUPTED, Restart.Status
 JUDGED = (Q(kind=Restart.Kind.UNPLANNED)
           | Q(kind=Restart.Kind.PLANNED, status__in=(*ENDED_BADLY, Restart.Status.RUNNING))
           | Q(after__memory_return__verdict=NOT_RETURNED))
+
+# A node's judged restarts, oldest first (a prepared read: every round reads them).
+_JUDGED_OF_NODE = PreparedRead(lambda node_id: Restart.objects.filter(JUDGED, node_id=node_id)
+                               .order_by("requested_at", "pk"))
 
 
 @dataclass
@@ -74,7 +79,7 @@ def _read(node: Node, engines: dict[int, Engine]) -> list[Restart]:
     """``node``'s judged restarts with their engines, oldest first: those of ``engines`` given
     from it, the others read. One query, and one more for the engines not given, if any
     (joined in, the engines' columns would cost every round, also the many with no restart)."""
-    restarts = list(Restart.objects.filter(JUDGED, node=node).order_by("requested_at", "pk"))
+    restarts = _JUDGED_OF_NODE(node.pk)
     for restart in restarts:
         if restart.engine_id in engines:
             restart.engine = engines[restart.engine_id]

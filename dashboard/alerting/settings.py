@@ -19,6 +19,7 @@ from typing import Any
 
 from dashboard.alerting.models import RuleSetting
 from dashboard.alerting.rules import RULES, Rule, ThresholdSpec
+from sparkops.prepared import PreparedRead
 from sparkops.units import GIB
 
 log = logging.getLogger(__name__)
@@ -155,8 +156,12 @@ def all_rule_settings() -> dict[str, EffectiveSetting]:
     held = _held.get()
     if held is not None:
         return dict(held)
-    stored = {row.rule: row for row in RuleSetting.objects.filter(rule__in=RULES)}
+    stored = {row.rule: row for row in _STORED_SETTINGS()}
     return {rule: merge(defaults, stored.get(rule)) for rule, defaults in RULES.items()}
+
+
+# Every rule's stored setting (a prepared read: every alert round reads it).
+_STORED_SETTINGS = PreparedRead(lambda: RuleSetting.objects.filter(rule__in=list(RULES)))
 
 
 # The settings read for one evaluation round (:func:`read_once`).

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from collectors.models import Node
+from collectors.reads import node_named
 from dashboard.alerting.pipeline import nodes_out_of_contact, run_alerts
 from dashboard.notify.tasks import deliver_notifications
 from sparkops.celery import CENTRAL_QUEUE, EVALUATE_ALERTS, WATCH_NODES
@@ -23,7 +23,7 @@ def evaluate_alerts(node_name: str) -> int:
     A notice is delivered at once, not at the outbox's next periodic sweep (up to an interval
     later): the sweep stays, for retries and for anything a crash left behind.
     """
-    node = Node.objects.filter(name=node_name).first()
+    node = node_named(node_name)
     if node is None:
         return 0
     notices = run_alerts(node, timezone.now())

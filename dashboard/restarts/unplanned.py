@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Q, prefetch_related_objects
 
 from collectors import readings
 from collectors.ledger import engine_share
@@ -51,6 +51,7 @@ from dashboard.restarts.fit import (
     returned_by_stop,
 )
 from dashboard.restarts.models import Restart
+from sparkops.prepared import PreparedRead
 from sparkops.units import size_text
 
 WATCHED_EVENTS = ("engine-restarted", "engine-exited", "engine-gone")
@@ -84,9 +85,8 @@ def record_unplanned_restarts(node: Node, now: datetime) -> list[Restart]:
                 for event_id in (restart.container_state or {}).get("event_ids", [])}
     # The engines are read by a second query, made only when there are new events: joined in,
     # their columns cost every pass more to build than the empty answer to read.
-    events = Event.objects.filter(node=node, kind__in=WATCHED_EVENTS, engine__isnull=False,
-                                  at__gte=now - LOOKBACK).exclude(pk__in=seen_ids) \
-        .prefetch_related("engine").order_by("at")
+    events = _WATCHED_SINCE(node.pk, now - LOOKBACK, sorted(seen_ids))
+    prefetch_related_objects(events, "engine")
     written = []
     for event in events:
         if _explained_by_plan(event):
@@ -105,16 +105,27 @@ def _recent_since(now: datetime) -> datetime:
     return now - LOOKBACK - MERGE_WITHIN
 
 
+# The node's watched events since a time, but those of the given ids, oldest first; and its
+# unplanned restarts whose startup is open or that were asked for since a time (prepared reads:
+# every alert round makes them).
+_WATCHED_SINCE = PreparedRead(lambda node_id, since, seen_ids: Event.objects.filter(
+    node_id=node_id, kind__in=WATCHED_EVENTS, engine__isnull=False, at__gte=since,
+).exclude(pk__in=seen_ids).order_by("at"))
+_OPEN_OR_SINCE = PreparedRead(lambda node_id, since: Restart.objects.filter(
+    Q(startup_seconds__isnull=True, finished_at__isnull=True) & ~Q(after__has_key=STARTUP)
+    | Q(requested_at__gte=since),
+    node_id=node_id, kind=Restart.Kind.UNPLANNED,
+))
+
+
 def _open_and_recent(node: Node, now: datetime) -> list[Restart]:
     """The unplanned restarts of ``node`` whose startup is still open (:func:`_startup_open`),
     or recent (:func:`_recent_since`), with their engines. One query, and one for the engines
     when there are any (usually there are none: joined in, the engines' columns would cost
     every pass)."""
-    return list(Restart.objects.filter(
-        Q(startup_seconds__isnull=True, finished_at__isnull=True) & ~Q(after__has_key=STARTUP)
-        | Q(requested_at__gte=_recent_since(now)),
-        node=node, kind=Restart.Kind.UNPLANNED,
-    ).prefetch_related("engine"))
+    restarts = _OPEN_OR_SINCE(node.pk, _recent_since(now))
+    prefetch_related_objects(restarts, "engine")
+    return restarts
 
 
 def _startup_open(restart: Restart) -> bool:

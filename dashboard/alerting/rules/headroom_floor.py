@@ -14,6 +14,7 @@ from collectors.models import Engine, Metric, Node
 from collectors.readings import HOST
 from dashboard.alerting.conditions import Condition
 from dashboard.alerting.rules.base import Rule, ThresholdSpec
+from sparkops.prepared import PreparedRead
 from sparkops.units import MIB, fixed_gib_text, gib
 
 
@@ -53,12 +54,17 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
     )]
 
 
+# The newest swap-in-use figure between two times (a prepared read: every round reads it).
+_SWAP_USED_BETWEEN = PreparedRead(lambda node_id, since, until: HOST.holding(Metric.SWAP_USED)
+                                  .filter(node_id=node_id, at__lte=until, at__gte=since)
+                                  .order_by("-at").values_list("at", "value")[:1])
+
+
 def _swap_growth_mib_per_min(node: Node, ledger: dict, now: datetime) -> float | None:
     """Swap-in-use growth over about the last minute, from the host samples (one query)."""
     current = ledger.get("swap_used")
-    earlier = HOST.holding(Metric.SWAP_USED).filter(
-        node=node, at__lte=now - timedelta(seconds=50), at__gte=now - timedelta(minutes=5),
-    ).order_by("-at").values_list("at", "value").first()
+    found = _SWAP_USED_BETWEEN(node.pk, now - timedelta(minutes=5), now - timedelta(seconds=50))
+    earlier = found[0] if found else None
     if current is None or earlier is None:
         return None
     minutes = max((now - earlier[0]).total_seconds() / 60, 1 / 60)

@@ -32,6 +32,7 @@ from collectors.starts import accuracy_text
 from dashboard.alerting.conditions import Condition
 from dashboard.alerting.rules.base import Rule, ThresholdSpec
 from dashboard.alerting.rules.headroom_floor import floor_gib
+from sparkops.prepared import PreparedRead
 from sparkops.units import fixed_gib_text, gib
 
 # A start that ended this long ago still settles an alert it raised (evaluations can lag).
@@ -111,16 +112,21 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
     return conditions
 
 
+# The node's predicted starts still loading or finished since a time (a prepared read: every
+# round reads them).
+_PREDICTED_STARTS = PreparedRead(lambda node_id, finished_since: EngineStart.objects.filter(
+    Q(outcome=EngineStart.Outcome.STARTING) | Q(finished_at__gte=finished_since),
+    node_id=node_id,
+).exclude(predicted={}))
+
+
 def _starts(node: Node, now: datetime,
             engines: dict[int, Engine]) -> tuple[list[EngineStart], EngineStart | None]:
     """The node's predicted starts still loading (latest seen first), and the one that settled
     last within ``SETTLE_WITHIN`` (None without one), with their engines: those of ``engines``
     (the round's, by id) given from it. One query, and one more for the engines not given, if
     any (joined in, the engines' columns would cost every round more than the starts)."""
-    starts = list(EngineStart.objects.filter(
-        Q(outcome=EngineStart.Outcome.STARTING) | Q(finished_at__gte=now - SETTLE_WITHIN),
-        node=node,
-    ).exclude(predicted={}))
+    starts = _PREDICTED_STARTS(node.pk, now - SETTLE_WITHIN)
     for start in starts:
         if start.engine_id in engines:
             start.engine = engines[start.engine_id]

@@ -69,7 +69,7 @@ def _decode_baseline(engine: Engine, now: datetime) -> float | None:
     None with fewer than three samples, too few to call a rate usual. Cost: one query a round
     for every engine's rates, without their times (``dashboard.alerting.recent``)."""
     values = values_since(engine, EngineMetric.DECODE_TPS, now - timedelta(minutes=10),
-                          above=0)[:500]
+                          above=0.0)[:500]
     return statistics.median(values) if len(values) >= 3 else None
 
 

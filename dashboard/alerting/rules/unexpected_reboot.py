@@ -18,11 +18,16 @@ from collectors.flightrecorder import UNEXPECTED_REBOOT
 from collectors.models import Collection, Engine, Event, Node
 from dashboard.alerting.conditions import Condition
 from dashboard.alerting.rules.base import Rule, ThresholdSpec
+from sparkops.prepared import PreparedRead
 from sparkops.timetext import moment_text
 
 # Unexpected reboots looked at per evaluation, newest first: an episode of more within the
 # rule's memory is already a node that keeps falling over.
 EPISODE_LIMIT = 10
+# The node's latest unexpected reboots, newest first (a prepared read: every round reads them).
+_LATEST_REBOOTS = PreparedRead(lambda node_id: Event.objects
+                               .filter(node_id=node_id, kind=UNEXPECTED_REBOOT)
+                               .order_by("-at")[:EPISODE_LIMIT])
 # Where the message's summary ends and its pointer to the post-mortem file begins.
 _FILE_PART = " The recorded minutes ("
 
@@ -31,8 +36,7 @@ def evaluate(node: Node, ledger: dict, engines: list[Engine], t: dict[str, Any],
              now: datetime) -> list[Condition]:
     """One condition for the node while an unexpected reboot was found recently; none before
     the node's first one. Cost: one query, and one more per unexpected reboot looked at."""
-    events = list(Event.objects.filter(node=node, kind=UNEXPECTED_REBOOT)
-                  .order_by("-at")[:EPISODE_LIMIT])
+    events = _LATEST_REBOOTS(node.pk)
     if not events:
         return []
     since = now - timedelta(minutes=t["recent_minutes"])
