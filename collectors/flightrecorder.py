@@ -73,6 +73,7 @@ from collectors.ledger import LOADING_PHASES
 from collectors.meminfo import parse_meminfo
 from collectors.models import Engine, Event, Node
 from collectors.procfs import Procfs, ProcfsError
+from sparkops.prepared import PreparedRead
 from sparkops.timetext import moment_text
 from sparkops.units import bytes_text, tps_text
 
@@ -430,12 +431,18 @@ def sample_record(at: datetime, text: str, boot: str | None) -> dict[str, Any]:
             "swap_used": info.swap_used(), "page_cache": info.page_cache_reclaimable()}
 
 
+# Each present engine's name, phase, state and rates, by name (a prepared read: every
+# collection records them).
+_ENGINE_STATES = PreparedRead(lambda node_id: Engine.objects.filter(node_id=node_id, present=True)
+                              .order_by("name")
+                              .values_list("name", "phase", "container_state", "rates"))
+
+
 def interval_record(node: Node, collection: Any, window: Any, boot: str | None
                     ) -> dict[str, Any]:
     """The collection's outcome, its lowest MemAvailable, the ledger written after it (None
     when the collection failed) and each present engine's phase and prefill rate."""
-    engines = Engine.objects.filter(node=node, present=True).values_list(
-        "name", "phase", "container_state", "rates")
+    engines = _ENGINE_STATES(node.pk)
     lowest_at = getattr(window, "min_available_at", None)
     return {
         "type": INTERVAL, "at": collection.at.isoformat(), "boot": boot,

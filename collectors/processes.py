@@ -20,9 +20,13 @@ from collectors.procfs import process_ids
 # may be cut, and is then completed from the command line as psutil does.
 COMM_LENGTH = 15
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-# The start time's place among the fields of /proc/<pid>/stat that follow the name (proc(5):
-# field 22, the name being field 2 and the state field 3).
+# Places among the fields of /proc/<pid>/stat that follow the name (proc(5): the name is field
+# 2 and the state field 3): the kernel flags (field 9) and the start time (field 22).
+FLAGS_INDEX = 6
 STARTTIME_INDEX = 19
+# The flag of a kernel thread (PF_KTHREAD, include/linux/sched.h): it has no memory of its own,
+# so its statm is all zeros and psutil gives it a resident size of 0.
+PF_KTHREAD = 0x00200000
 
 
 @dataclass(frozen=True)
@@ -35,8 +39,8 @@ class ProcessGroup:
 def memory_by_process_name(exclude_pids: set[int] = frozenset(),
                            proc_root: Path = Path("/proc")) -> list[ProcessGroup]:
     """Resident memory summed per process name, largest first. Cost: one pass over /proc
-    (``stat`` and ``statm`` of every process, ``cmdline`` of a process whose name may be cut
-    the first time it is seen)."""
+    (``stat`` of every process, ``statm`` of every one but kernel threads, ``cmdline`` of a
+    process whose name may be cut the first time it is seen)."""
     totals: dict[str, list[int]] = {}
     for pid, name, rss in process_table(proc_root):
         if pid in exclude_pids or rss is None:
@@ -81,7 +85,9 @@ _completed_names = _CompletedNames()
 
 def process_table(proc_root: Path = Path("/proc")) -> list[tuple[int, str, int | None]]:
     """``(pid, name, resident bytes)`` of every process, by PID; a process that exits while it
-    is read is left out, and a size that may not be read is None."""
+    is read is left out, and a size that may not be read is None. A kernel thread's size is 0
+    without reading its ``statm`` (most of a host's PIDs are kernel threads: two in three
+    here)."""
     root = os.fspath(proc_root)
     table = []
     long_named: set[tuple[int, bytes, str]] = set()
@@ -94,9 +100,12 @@ def process_table(proc_root: Path = Path("/proc")) -> list[tuple[int, str, int |
             continue  # exited
         end = stat.rfind(b")")
         name = stat[stat.find(b"(") + 1:end].decode("utf-8", "surrogateescape")
+        fields = stat[end + 2:].split()
+        if len(fields) > FLAGS_INDEX and int(fields[FLAGS_INDEX]) & PF_KTHREAD:
+            table.append((pid, name, 0))
+            continue
         if len(name) >= COMM_LENGTH:
             # The start time (the 22nd field) tells this process from an earlier one of its PID.
-            fields = stat[end + 2:].split()
             started = fields[STARTTIME_INDEX] if len(fields) > STARTTIME_INDEX else b""
             identity = (pid, started, name)
             long_named.add(identity)

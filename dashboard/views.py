@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -12,6 +12,7 @@ from django.utils import timezone
 from collectors.docker_api import DETAIL_SEPARATOR
 from collectors.models import Engine, Node
 from collectors.nodes import local_node
+from collectors.reads import node_named
 from collectors.rescue import audit_for_page
 from dashboard.alerting.models import Alert, AlertState
 from dashboard.engines import (
@@ -37,7 +38,11 @@ FIRING_LIMIT = 10  # the overview's strip; the alerts page lists them all
 
 
 def _node_or_404(name: str) -> Node:
-    return get_object_or_404(Node, name=name)
+    """The node called ``name`` (a prepared read: every poll of an open page asks), or 404."""
+    node = node_named(name)
+    if node is None:
+        raise Http404(f"No node is called {name!r}.")
+    return node
 
 
 def _range_error(range_key: str) -> JsonResponse | None:

@@ -90,11 +90,34 @@ def test_memory_by_name_leaves_out_the_excluded_pids(long_named_sleeper):
     assert "sparkops-a-very-long-program-name" not in left
 
 
-def _fake_process(root: Path, pid: int, comm: str, started: int, cmdline: str) -> None:
+def test_kernel_threads_hold_nothing_as_psutil_says():
+    """A kernel thread (PF_KTHREAD in its stat's flags) is sized 0 without its statm read."""
+    ours = {pid: rss for pid, _, rss in process_table()}
+    kernel = [process.pid for process in psutil.process_iter(["ppid"])
+              if process.info["ppid"] == 2 or process.pid == 2]
+    if not kernel:
+        pytest.skip("no kernel thread is visible (a PID namespace of its own)")
+    for pid in kernel:
+        if pid in ours:
+            assert ours[pid] == 0 == psutil.Process(pid).memory_info().rss
+
+
+def test_a_kernel_threads_statm_is_not_read(tmp_path):
+    root = tmp_path / "proc"
+    _fake_process(root, 31, "kworker/0:1", 100, "", flags=0x00208040)
+    _fake_process(root, 32, "sleeper", 100, "/bin/sleeper")
+    (root / "31" / "statm").unlink()
+    assert process_table(root) == [(31, "kworker/0:1", 0),
+                                   (32, "sleeper", 25 * os.sysconf("SC_PAGE_SIZE"))]
+
+
+def _fake_process(root: Path, pid: int, comm: str, started: int, cmdline: str,
+                  flags: int = 0x00400100) -> None:
     folder = root / str(pid)
     folder.mkdir(parents=True, exist_ok=True)
-    # proc(5): pid (comm) state ppid ... with the start time the 22nd field.
-    fields = ["S"] + ["0"] * 18 + [str(started)] + ["0"] * 30
+    # proc(5): pid (comm) state ppid ... with the flags the 9th field and the start time the
+    # 22nd.
+    fields = ["S"] + ["0"] * 5 + [str(flags)] + ["0"] * 12 + [str(started)] + ["0"] * 30
     (folder / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)}\n")
     (folder / "statm").write_text("100 25 10 1 0 20 0\n")
     (folder / "cmdline").write_bytes(cmdline.encode() + b"\0--flag\0")

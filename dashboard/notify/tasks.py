@@ -1,12 +1,13 @@
 """Celery task for the ``notify`` queue: deliver what the outbox holds.
 
-Scheduled every 5 s by beat and also ``delay()``-ed on commit after notifications are written,
-for low latency. The task is routed to its own queue (``sparkops.celery.NOTIFY_QUEUE``), so a
-fleet can give delivery a worker of its own; on a worker shared with collection it holds at
-most one pool slot: one delivery run at a time per data directory (a file lock, so it holds for
-thread and process pools alike); a run that finds another one going returns at once, and the
-running one, or the next beat tick, sends what was queued meanwhile. Running it on several
-hosts at once is safe: rows and channels are claimed one by one (see ``outbox``).
+Scheduled every 15 s by beat (``sparkops.celery.CENTRAL_SCHEDULE``) and also ``delay()``-ed on
+commit after notifications are written, for low latency. The task is routed to its own queue
+(``sparkops.celery.NOTIFY_QUEUE``), so a fleet can give delivery a worker of its own; on a
+worker shared with collection it holds at most one pool slot: one delivery run at a time per
+data directory (a file lock, so it holds for thread and process pools alike); a run that finds
+another one going returns at once, and the running one, or the next beat tick, sends what was
+queued meanwhile. Running it on several hosts at once is safe: rows and channels are claimed
+one by one (see ``outbox``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Celery adapters for planned restarts: take ids, call the runbook, record the result.
 
-* :func:`dispatch_due_restarts` (central queue, beat every ~5 s, and nudged when a plan is
+* :func:`dispatch_due_restarts` (central queue, beat every ~15 s, and nudged when a plan is
   made) hands each node's oldest due restart to that node's queue, with ``expires``: a message
   that waited in a queue too long is dropped instead of firing late, and handed again.
 * :func:`run_restart_task` (the node's queue) carries one restart out on the node whose
