@@ -317,7 +317,9 @@ def cost_section(results: dict) -> list[str]:
         "service's Docker API. *Engines* is the `collect_engines` task body (NVML, Docker "
         "list/inspect/stats, `/metrics` scrapes in parallel, rates, rows); *with log re-read* "
         "is a cycle in which every startup log is parsed again (once a minute per engine); "
-        "*ledger* is `update_ledger`; *alerts* is `run_alerts` (no channels). *Cycle* = engines "
+        "*ledger* is `update_ledger` on the node's row as the host collection task reads it; "
+        "*alerts* is the `evaluate_alerts` task body (the node's row, every rule, the alerts "
+        "moved; no channels). *Cycle* = engines "
         f"+ (log re-read − engines) / {cost['cycles_per_log_refresh']} + ledger + alerts. "
         "Wall times are for engines + ledger + alerts.",
         "",
