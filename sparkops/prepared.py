@@ -48,8 +48,8 @@ _MARKER_FLOAT = 1.0e-300
 @dataclass(frozen=True)
 class _Compiled:
     """One shape's read on one connection: its SQL, where each parameter comes from (the index
-    of a value, or None for a constant of the query) with the constants, and how to turn a row
-    into what the ORM returns."""
+    of a value and the place in it of a list's item, or None for a constant of the query) with
+    the constants, and how to turn a row into what the ORM returns."""
 
     sql: str
     slots: tuple[tuple[int, int | None] | None, ...]

@@ -14,7 +14,9 @@ each kind about a metric and a start reads it for every engine of the round: one
 question instead of one per engine and rule, whatever the engine count. The rules ask with a
 start relative to the round's ``now``, so every engine's question is the same one. Outside an
 evaluation (a rule called on its own) each question is its own query. Each query is bounded by
-its start time, so a node's age does not grow it.
+its start time, so a node's age does not grow it, and each is a prepared read
+(``sparkops.prepared``, one per question and metric): the ORM compiles it once, not every
+round.
 """
 
 from __future__ import annotations
