@@ -354,7 +354,7 @@ def _open_rows(rows: QuerySet[Notification],
     )
 
 
-# Whether any row is open (a prepared read: the sweep runs every interval and mostly finds
+# Whether any row is open (a prepared read: the sweep runs every 15 s and mostly finds
 # nothing).
 _ANY_OPEN = PreparedRead(lambda lease_ended_before: _open_rows(
     Notification.objects.all(), lease_ended_before).values_list("pk", flat=True)[:1])

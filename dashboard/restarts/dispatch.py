@@ -118,7 +118,7 @@ def restarts_to_dispatch(now: datetime) -> list[Restart]:
     one waits). A restart handed over less than :data:`REDISPATCH_SECONDS` ago is not handed
     again; the handover is a conditional UPDATE, so two dispatchers never both send it.
 
-    Cost: with none due, one query (prepared: the dispatcher runs every interval and mostly
+    Cost: with none due, one query (prepared: the dispatcher runs every 15 s and mostly
     finds nothing); else two, and one UPDATE per restart handed.
     """
     if not _ANY_DUE(now):
