@@ -156,12 +156,12 @@ def all_rule_settings() -> dict[str, EffectiveSetting]:
     held = _held.get()
     if held is not None:
         return dict(held)
-    stored = {row.rule: row for row in _STORED_SETTINGS()}
+    stored = {row.rule: row for row in _STORED_SETTINGS(list(RULES))}
     return {rule: merge(defaults, stored.get(rule)) for rule, defaults in RULES.items()}
 
 
-# Every rule's stored setting (a prepared read: every alert round reads it).
-_STORED_SETTINGS = PreparedRead(lambda: RuleSetting.objects.filter(rule__in=list(RULES)))
+# The stored settings of the rules named (a prepared read: every alert round reads them).
+_STORED_SETTINGS = PreparedRead(lambda rules: RuleSetting.objects.filter(rule__in=rules))
 
 
 # The settings read for one evaluation round (:func:`read_once`).
