@@ -210,13 +210,11 @@ def _compile(queryset: QuerySet, connection: Any) -> tuple[str, tuple, dict]:
     if queryset._iterable_class not in (ModelIterable, ValuesListIterable,
                                         FlatValuesListIterable):
         raise _NotKept
+    query = queryset.query
     if queryset._iterable_class is ValuesListIterable and (
-            queryset.query.extra_select or queryset.query.annotation_select):
-        # values_list with annotations reorders its columns in Python: left to the ORM.
-        names = list(queryset._fields or ())
-        if names != [*queryset.query.values_select, *queryset.query.annotation_select] \
-                or queryset.query.extra_select:
-            raise _NotKept
+            query.extra_select
+            or list(queryset._fields) != [*query.values_select, *query.annotation_select]):
+        raise _NotKept  # values_list puts these columns in its own order in Python: the ORM's
     compiler = queryset.query.get_compiler(connection=connection)
     sql, parameters = compiler.as_sql()
     fields = [column[0] for column in compiler.select[:compiler.col_count]]

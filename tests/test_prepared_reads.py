@@ -178,7 +178,6 @@ def test_each_thread_keeps_its_own(rows):
 
 
 @pytest.mark.slow
-@pytest.mark.django_db(transaction=False)
 def test_the_same_on_postgresql(postgres_url, tmp_path):
     """The tests above, in a process of its own on a fresh PostgreSQL database."""
     if os.environ.get("DATABASE_URL"):

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cache
 from typing import Any
 
 from django.db.models import Max, OuterRef, QuerySet, Subquery
@@ -80,7 +81,7 @@ def latest_value(engine: Engine, metric: int, since: datetime) -> float | None:
     from its end of the readings' (engine, time) index)."""
     def read(engine_ids: frozenset[int]) -> ByEngine:
         return {engine_id: value for engine_id, value
-                in _prepared(_latest, metric)(sorted(engine_ids), since) if value is not None}
+                in _latest(int(metric))(sorted(engine_ids), since) if value is not None}
     return _asked(engine, ("latest", metric, since), read).get(engine.pk)
 
 
@@ -88,7 +89,7 @@ def peak_value(engine: Engine, metric: int, since: datetime) -> float | None:
     """``engine``'s largest figure of ``metric`` at or after ``since``; None without one.
     Cost: one grouped query for the round's engines."""
     def read(engine_ids: frozenset[int]) -> ByEngine:
-        return dict(_prepared(_peak, metric)(sorted(engine_ids), since))
+        return dict(_peak(int(metric))(sorted(engine_ids), since))
     return _asked(engine, ("peak", metric, since), read).get(engine.pk)
 
 
@@ -96,9 +97,11 @@ def values_since(engine: Engine, metric: int, since: datetime, *,
                  above: float | None = None) -> list[float]:
     """``engine``'s figures of ``metric`` at or after ``since`` (only those above ``above``,
     when given), oldest first, without their times. Cost: one query for the round's engines."""
+    floor = None if above is None else float(above)  # the column's kind: one prepared shape
+
     def read(engine_ids: frozenset[int]) -> ByEngine:
         found: ByEngine = {}
-        for engine_id, value in _prepared(_values, metric)(sorted(engine_ids), since, above):
+        for engine_id, value in _values(int(metric))(sorted(engine_ids), since, floor):
             found.setdefault(engine_id, []).append(value)
         return found
     return _asked(engine, ("values", metric, since, above), read).get(engine.pk, [])
@@ -112,7 +115,7 @@ def newest_samples(engines: list[Engine], metric: int, since: datetime,
     if not engines:
         return {}
     found: dict[int, Rows] = {}
-    for engine_id, at, value in _prepared(_newest, metric)(sorted(engine.pk for engine in engines),
+    for engine_id, at, value in _newest(int(metric))(sorted(engine.pk for engine in engines),
                                                            since):
         rows = found.setdefault(engine_id, [])
         if len(rows) < limit:
@@ -125,8 +128,9 @@ def _since(engine_ids: Iterable[int], metric: int, since: datetime) -> QuerySet:
     return ENGINE.holding(metric).filter(engine_id__in=engine_ids, at__gte=since)
 
 
-# The questions of a round, each a prepared read per metric (the metric names the column):
-# they run after every collection.
+# The questions of a round, each a prepared read per metric (the metric names the column), made
+# once: they run after every collection.
+@cache
 def _latest(metric: int) -> PreparedRead:
     def build(engine_ids: list[int], since: datetime) -> QuerySet:
         newest = ENGINE.holding(metric).filter(engine_id=OuterRef("pk"), at__gte=since) \
@@ -136,12 +140,14 @@ def _latest(metric: int) -> PreparedRead:
     return PreparedRead(build)
 
 
+@cache
 def _peak(metric: int) -> PreparedRead:
     return PreparedRead(lambda engine_ids, since: _since(engine_ids, metric, since)
                         .values("engine_id").annotate(peak=Max(ENGINE.column(metric)))
                         .values_list("engine_id", "peak"))
 
 
+@cache
 def _values(metric: int) -> PreparedRead:
     def build(engine_ids: list[int], since: datetime, above: float | None) -> QuerySet:
         rows = _since(engine_ids, metric, since)
@@ -151,17 +157,8 @@ def _values(metric: int) -> PreparedRead:
     return PreparedRead(build)
 
 
+@cache
 def _newest(metric: int) -> PreparedRead:
     return PreparedRead(lambda engine_ids, since: _since(engine_ids, metric, since)
                         .order_by("engine_id", "-at").values_list("engine_id", "at", "value"))
 
-
-_reads: dict[tuple[Callable[[int], PreparedRead], int], PreparedRead] = {}
-
-
-def _prepared(question: Callable[[int], PreparedRead], metric: int) -> PreparedRead:
-    """The prepared read of ``question`` about ``metric`` (made once)."""
-    key = (question, int(metric))
-    if key not in _reads:
-        _reads[key] = question(int(metric))
-    return _reads[key]

@@ -94,6 +94,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from collectors.enginecard import engine_card
 from collectors.models import Engine, Node
+from collectors.reads import node_named
 from dashboard.alerting.models import Alert, AlertState
 from dashboard.exports.access import export_view, refusal
 from dashboard.exports.figures import (
@@ -205,7 +206,7 @@ def _iso(at: datetime | None) -> str | None:
 
 
 def _node(name: str) -> Node:
-    node = Node.objects.filter(name=name).first()
+    node = node_named(name)
     if node is None:
         raise NotFound(f"no node named {name!r}")
     return node
