@@ -213,8 +213,11 @@ def test_sglang_growth_squeezes_trtllm_prefill_and_resolves(node, api, memory_bu
     run_container(cause, _sglang(cause_port, SMALL, "--enable-metrics"),
                   cgroup_parent=budget.parent)
     cycle = CollectionCycle(node, api)
+    # The cause's pool as its metrics tell it (exact), not as its start-up log rounds it (0.06
+    # GiB), which a cycle may read first: wait for a scrape of the cause as well.
     cycle.until(lambda: ledger_shares(node).get(cause, {}).get("kv_pool")
-                and ledger_shares(node).get(victim, {}).get("prefill_need"))
+                and ledger_shares(node).get(victim, {}).get("prefill_need")
+                and (Engine.objects.get(node=node, name=cause).metrics or {}).get("snapshot"))
     assert ledger_shares(node)[victim]["prefill_need"] == NEED
     assert ledger_shares(node)[cause]["kv_pool"] == 64 * MIB
 
