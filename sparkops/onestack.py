@@ -302,7 +302,7 @@ def main(argv: list[str]) -> int:
     watchdog.start()
     code: int | None = 1
     try:
-        code = stackworker.app.start(celery_args)
+        code = stackworker.run_worker(celery_args)
     finally:
         watchdog.stop()
         web.stop()

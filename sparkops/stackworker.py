@@ -60,8 +60,8 @@ from click import Option
 
 from sparkops.celery import FLEET_SCHEDULER, app, fleet_node_unacked_keys
 
-__all__ = ["BeatThread", "FleetNode", "Liveness", "QuietTasks", "app", "failures", "scheduler_for",
-           "stop_failed"]
+__all__ = ["BeatThread", "FleetNode", "Liveness", "QuietTasks", "app", "failures", "run_worker",
+           "scheduler_for", "stop_failed"]
 
 log = logging.getLogger(__name__)
 # How long the scheduler sleeps at most between two looks at its schedule, and so how long a
@@ -82,6 +82,30 @@ PER_TASK_LOGGERS = {
     "celery.worker.consumer.connection": logging.WARNING,  # "Connected to ..."
     "kombu.connection": logging.ERROR,  # "No hostname was supplied. Reverting to ..."
 }
+
+
+def run_worker(arguments: list[str]) -> int:
+    """Run ``celery worker`` in this process with ``arguments`` as ``worker_arguments`` gives
+    them (``[--quiet] worker ...``, without ``-A``: the app is this module's); its exit status.
+
+    Celery's ``app.start`` parses them with its whole command-line group, which imports every
+    subcommand; the ``amqp`` shell's brings click_repl and prompt_toolkit, some 150 modules and
+    about 6 MiB resident in a worker that never opens a shell. This runs the worker command alone, set up as
+    the group sets it up for a worker: the app and ``--quiet`` in the command's context, the
+    app's own worker options (``--beat-thread`` and the others below) added to the command's.
+    """
+    from celery.bin.base import CLIContext
+    from celery.bin.worker import worker
+
+    quiet = arguments[:1] == ["--quiet"]
+    if quiet:
+        arguments = arguments[1:]
+    if arguments[:1] != ["worker"]:
+        raise ValueError(f"not the arguments of a worker: {arguments!r}")
+    worker.params.extend(option for option in app.user_options["worker"]
+                         if option not in worker.params)
+    return worker.main(args=arguments[1:], prog_name="celery worker", standalone_mode=False,
+                       obj=CLIContext(app=app, no_color=None, workdir=None, quiet=quiet))
 
 
 # What stopped the worker from within (a part of it that died), in words; empty when it runs or

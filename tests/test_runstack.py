@@ -131,6 +131,27 @@ def test_the_default_stack_is_one_process_with_the_same_worker_and_waitress(sett
     assert "--beat-thread" not in runstack.one_process_command(bind="h:1", node="n1", beat=False)
 
 
+def test_the_one_process_runs_the_worker_command_without_celerys_shell(tmp_path):
+    # The worker's own options are there (--help lists them and exits 0), and nothing of the
+    # command-line group's other subcommands is imported: the amqp shell's prompt_toolkit alone
+    # was over a hundred modules.
+    code = ("import sys, django; django.setup(); from sparkops import stackworker; "
+            "code = stackworker.run_worker(['--quiet', 'worker', '--help']); "
+            "shells = sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'click_repl', 'prompt_toolkit'} | "
+            "{'celery.bin.celery', 'celery.bin.amqp'} & set(sys.modules)); "
+            "print('exit', code, 'shells', shells)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True,
+                            text=True, timeout=120, check=True,
+                            env=subprocess_env(SPARKOPS_DATA_DIR=str(tmp_path / "data")))
+
+    assert "--beat-thread" in result.stdout and "--liveness-file" in result.stdout
+    assert "--queues" in result.stdout
+    assert result.stdout.strip().endswith("exit 0 shells []"), result.stdout[-500:]
+    with pytest.raises(ValueError, match="not the arguments of a worker"):
+        stackworker.run_worker(["beat"])
+
+
 @pytest.mark.parametrize("option", [["--web-workers", "2"], ["--worker-pool", "prefork"]])
 def test_more_processes_than_one_are_refused_in_one_process(option):
     with pytest.raises(CommandError, match="run them with --stack processes"):
