@@ -90,9 +90,10 @@ def run_worker(arguments: list[str]) -> int:
 
     Celery's ``app.start`` parses them with its whole command-line group, which imports every
     subcommand; the ``amqp`` shell's brings click_repl and prompt_toolkit, some 150 modules and
-    about 6 MiB resident in a worker that never opens a shell. This runs the worker command alone, set up as
-    the group sets it up for a worker: the app and ``--quiet`` in the command's context, the
-    app's own worker options (``--beat-thread`` and the others below) added to the command's.
+    about 7 MiB resident in a worker that never opens a shell. This runs the worker command
+    alone, set up as the group sets it up for a worker: the app and ``--quiet`` in the
+    command's context, the app's own worker options (``--beat-thread`` and the others below)
+    added to the command's.
     """
     from celery.bin.base import CLIContext
     from celery.bin.worker import worker
