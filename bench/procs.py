@@ -82,7 +82,7 @@ def _role(process: psutil.Process, parent_role: str | None, default: str) -> str
         return "gunicorn worker" if parent_role == "gunicorn master" else "gunicorn master"
     if " beat" in cmdline:
         return "celery beat"
-    if "celery" in cmdline:
+    if "celery" in cmdline or "sparkops.runworker" in cmdline:
         # With the thread pool (the default) there are no children; with prefork there are.
         return "celery pool child" if parent_role == "celery worker" else "celery worker"
     return default

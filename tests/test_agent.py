@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 import uuid
 from io import StringIO
@@ -56,7 +57,7 @@ def test_the_agent_is_one_worker_on_its_node_queue_without_beat():
 
     assert list(commands) == ["worker"]
     worker = commands["worker"]
-    assert _option(worker, "-A") == "sparkops.stackworker"
+    assert worker[:3] == [sys.executable, "-m", "sparkops.runworker"]
     assert _option(worker, "--queues") == "node.n1"
     assert _option(worker, "--hostname") == "n1@%h"
     assert "--beat-thread" not in worker and "--schedule-filename" not in worker

@@ -50,7 +50,7 @@ def test_the_processes_layout_is_one_web_process_with_threads_and_one_worker_wit
     web, worker = commands["web"], commands["worker"]
     assert _option(web, "--workers") == "1" and _option(web, "--threads") == "4"
     assert _option(web, "--worker-class") == "gthread"
-    assert _option(worker, "-A") == "sparkops.stackworker"
+    assert worker[:4] == [sys.executable, "-m", "sparkops.runworker", "--quiet"]
     assert _option(worker, "--pool") == "threads" and _option(worker, "--concurrency") == "8"
     assert _option(worker, "--queues") == "node.n1,sparkops,notify"
     assert "--beat-thread" in worker and "--beat" not in worker and "-B" not in worker
@@ -119,7 +119,7 @@ def test_the_default_stack_is_one_process_with_the_same_worker_and_waitress(sett
     assert ours[:3] == [sys.executable, "-m", "sparkops.onestack"]
     assert _option(ours, "--bind") == "127.0.0.1:9" and _option(ours, "--web-threads") == "4"
     # The worker of the processes layout, queues, pool, beat thread and liveness file alike.
-    assert worker == runstack.stack_commands(bind="127.0.0.1:9", node="n1")["worker"][5:]
+    assert worker == runstack.stack_commands(bind="127.0.0.1:9", node="n1")["worker"][3:]
     assert _option(ours, "--liveness-file") == heartbeat["path"]
     assert float(_option(ours, "--liveness-timeout")) == heartbeat["timeout"] == 20
     assert float(_option(ours, "--liveness-startup")) == heartbeat["startup"]
@@ -595,9 +595,9 @@ def test_the_processes_layout_leaves_a_light_supervisor_one_web_worker_and_one_c
         rss_kib = int(status.split("VmRSS:")[1].split()[0])
         assert rss_kib < 30 * 1024  # a bare interpreter; any Django process is above 50 MiB
         assert sum("gunicorn" in line for line in lines.values()) == 2  # master + 1 worker
-        assert sum("celery" in line for line in lines.values()) == 1  # beat is a thread in it
+        assert sum("sparkops.runworker" in line for line in lines.values()) == 1  # beat: a thread
         assert len(pids) == 4
-        workers = [pid for pid, line in lines.items() if "celery" in line]
+        workers = [pid for pid, line in lines.items() if "sparkops.runworker" in line]
         environ = Path(f"/proc/{workers[0]}/environ").read_bytes().split(b"\0")
         assert b"CELERY_SKIP_CHECKS=1" in environ
         # No control socket shared with the user's other stacks (gunicorn's default path).
@@ -610,7 +610,7 @@ def test_the_processes_layout_leaves_a_light_supervisor_one_web_worker_and_one_c
 
         def new_worker() -> list[int]:
             return [pid for pid in _tree(stack.pid)[1:]
-                    if pid != workers[0] and "celery" in _cmdline(pid)]
+                    if pid != workers[0] and "sparkops.runworker" in _cmdline(pid)]
 
         _wait_for(new_worker, "a new Celery worker after the stopped one", seconds=90)
         assert not _alive(workers[0])

@@ -115,8 +115,9 @@ def liveness_interval(timeout: float) -> float:
 def worker_arguments(*, node: str, queues: list[str], worker_pool: str = "threads",
                      worker_concurrency: int | None = None, beat: bool = False,
                      log_level: str = "INFO", fleet_node: bool = False) -> list[str]:
-    """The arguments of ``celery`` (after ``-A sparkops.stackworker``) that run a node's worker
-    consuming ``queues``, with beat in it when ``beat``: the stack's worker, the agent's
+    """The arguments of ``celery -A sparkops.stackworker`` (given to ``sparkops.runworker``,
+    ``sparkops.onestack``) that run a node's worker consuming ``queues``, with beat in it when
+    ``beat``: the stack's worker, the agent's
     (``runagent``) and the one process's (``sparkops.onestack``) alike. ``log_level`` is
     ``SPARKOPS_LOG_LEVEL``: below DEBUG, no line per task. ``fleet_node`` (the agent) leaves
     out Celery's event heartbeats and remote control, which nothing of SparkOps reads, and keeps
@@ -145,8 +146,7 @@ def worker_arguments(*, node: str, queues: list[str], worker_pool: str = "thread
 def worker_command(**arguments) -> list[str]:
     """The command line of a node's Celery worker as a process of its own (``runstack
     --stack processes``, ``runagent``); ``arguments`` as ``worker_arguments``'."""
-    return [sys.executable, "-m", "celery", "-A", "sparkops.stackworker",
-            *worker_arguments(**arguments)]
+    return [sys.executable, "-m", "sparkops.runworker", *worker_arguments(**arguments)]
 
 
 def stack_commands(*, bind: str, node: str, web_workers: int = 1, web_threads: int = 4,
