@@ -17,6 +17,13 @@ sides:
   (a plain writer between creating and locking it). Such a file is skipped and read at the next
   poll; an empty one left that way for a minute (its writer died) is removed.
 
+Between two looks at its queues, kombu's reader sleeps its ``polling_interval``. Here that wait
+ends as soon as a thread of the same process writes a message (``Transport.drain_events``): in
+the one process, beat, the tasks' follow-ups and the web server all publish from the worker's
+own process, so their messages are taken at once, and the interval (kombu's 1 s, see the
+settings) only bounds how late a message of another process (a management command, the web
+server of the processes layout) is seen.
+
 Files, folders and options are those of kombu's transport; processes using either one share the
 queues. Message files are created with mode 0600 (the settings create the folders 0700): the
 data directory they live in is private to the user SparkOps runs as.
@@ -27,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 import time
 import uuid
 from queue import Empty
@@ -40,6 +48,8 @@ __all__ = ["Channel", "Transport"]
 
 # An empty message file older than this was abandoned by its writer.
 ABANDONED_SECONDS = 60.0
+# Set whenever a thread of this process has written a message (module docstring).
+_written = threading.Event()
 
 
 class Channel(filesystem.Channel):
@@ -53,6 +63,7 @@ class Channel(filesystem.Channel):
             with open(descriptor, "wb", buffering=0) as file:
                 file.write(str_to_bytes(dumps(payload)))
             os.replace(temporary, final)
+            _written.set()
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.remove(temporary)
@@ -104,3 +115,24 @@ class Channel(filesystem.Channel):
 
 class Transport(filesystem.Transport):
     Channel = Channel
+
+    def drain_events(self, connection: object, timeout: float | None = None) -> None:
+        """kombu's loop (``virtual.Transport.drain_events``), whose wait between two looks at
+        the queues ends when a thread of this process writes a message. The flag is cleared
+        before each look, so a message written during a look is either found by it or ends
+        the wait after it."""
+        started = time.monotonic()
+        polling_interval = self.polling_interval
+        if timeout and polling_interval and polling_interval > timeout:
+            polling_interval = timeout
+        while True:
+            _written.clear()
+            try:
+                self.cycle.get(self._deliver, timeout=timeout)
+            except Empty:
+                if timeout is not None and time.monotonic() - started >= timeout:
+                    raise TimeoutError() from None  # socket.timeout, which Celery catches
+                if polling_interval is not None:
+                    _written.wait(polling_interval)
+            else:
+                return

@@ -410,10 +410,12 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "processed_folder": str(_BROKER_DIR / "processed"),
         "control_folder": str(_BROKER_DIR / "control"),
         "store_processed": False,
-        # How often a worker looks for new messages (kombu's default is 1 s): an alert passes
-        # through the broker twice (evaluate, then deliver), so this adds directly to its
-        # latency; listing one small folder four times a second costs next to nothing.
-        "polling_interval": 0.25,
+        # How long a worker waits at most between two looks for new messages (kombu's default):
+        # a message written by the worker's own process (beat, the tasks' follow-ups such as an
+        # alert's evaluation and delivery, the one process's web server) ends the wait at once
+        # (sparkops.fsbroker), so this bounds only how late one from another process is seen.
+        # Looking four times a second, as before, was most of the worker's consumer loop.
+        "polling_interval": 1.0,
     }
 else:
     # A broker that accepts TCP but never answers must fail in seconds, not hang a publisher.

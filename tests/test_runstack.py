@@ -511,6 +511,29 @@ def test_a_reader_never_sees_a_message_before_it_is_written(monkeypatch, tmp_pat
     assert sorted(received) == sorted(expected)
 
 
+def test_a_message_written_in_the_readers_process_ends_its_wait_between_polls(tmp_path):
+    """The reader waits up to its polling interval between two looks at its queues (capped by
+    its own timeout, here 20 s); a message written by another thread of its process ends the
+    wait at once instead of at the end of it."""
+    with (_connection(tmp_path, fsbroker.Transport) as reader,
+          _connection(tmp_path, fsbroker.Transport) as writer):
+        reader.transport.polling_interval = 60.0
+        queue = reader.SimpleQueue("wake")
+        with pytest.raises(queue.Empty):
+            queue.get(timeout=0.2)  # the queue exists, empty, before the reader waits
+        timer = threading.Timer(0.5, lambda: writer.SimpleQueue("wake").put({"id": "woken"}))
+        started = time.monotonic()
+        timer.start()
+        try:
+            message = queue.get(timeout=20)
+        finally:
+            timer.cancel()
+        waited = time.monotonic() - started
+
+    assert message.payload == {"id": "woken"}
+    assert waited < 10, f"the reader slept {waited:.1f} s: the write did not wake it"
+
+
 def test_a_message_file_is_private_whatever_the_umask(tmp_path):
     previous = os.umask(0)
     try:
