@@ -120,7 +120,9 @@ class Transport(filesystem.Transport):
         """kombu's loop (``virtual.Transport.drain_events``), whose wait between two looks at
         the queues ends when a thread of this process writes a message. The flag is cleared
         before each look, so a message written during a look is either found by it or ends
-        the wait after it."""
+        the wait after it. (With several readers in one process, which a worker is not, one
+        may clear the flag another would have waited on: that one sees the message at its next
+        look, as without the flag.)"""
         started = time.monotonic()
         polling_interval = self.polling_interval
         if timeout and polling_interval and polling_interval > timeout:
