@@ -7,7 +7,7 @@ Django process then holds everything a single node runs:
 * **the Celery worker** in the main thread (Celery wants it, for its signal handlers): the same
   worker ``runstack`` runs as a process of its own otherwise (``sparkops.stackworker``, its
   queues, its thread pool, beat as a thread, its liveness file), built by the same
-  ``runstack.worker_arguments``;
+  ``runstack.worker_arguments`` and run by the same ``stackworker.run_worker``;
 * **the web server**, waitress (a threaded pure-Python WSGI server, which runs inside a process
   where gunicorn, a pre-fork master, cannot) serving ``sparkops.wsgi:application`` (WhiteNoise
   included) with ``--web-threads`` threads, in a thread of its own (``WebServer``). It starts

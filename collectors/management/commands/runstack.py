@@ -115,9 +115,9 @@ def liveness_interval(timeout: float) -> float:
 def worker_arguments(*, node: str, queues: list[str], worker_pool: str = "threads",
                      worker_concurrency: int | None = None, beat: bool = False,
                      log_level: str = "INFO", fleet_node: bool = False) -> list[str]:
-    """The arguments of ``celery -A sparkops.stackworker`` (given to ``sparkops.runworker``,
-    ``sparkops.onestack``) that run a node's worker consuming ``queues``, with beat in it when
-    ``beat``: the stack's worker, the agent's
+    """The arguments of ``celery worker`` (``[--quiet] worker ...``, run by
+    ``sparkops.stackworker.run_worker``) that run a node's worker consuming ``queues``, with
+    beat in it when ``beat``: the stack's worker (``sparkops.runworker``), the agent's
     (``runagent``) and the one process's (``sparkops.onestack``) alike. ``log_level`` is
     ``SPARKOPS_LOG_LEVEL``: below DEBUG, no line per task. ``fleet_node`` (the agent) leaves
     out Celery's event heartbeats and remote control, which nothing of SparkOps reads, and keeps
