@@ -20,6 +20,7 @@ from django.db import transaction
 
 from collectors.models import GPU_NOT_SUPPORTED, Event, GpuMetric, GpuSample, Node
 from collectors.nvml import GpuDevice, GpuReport
+from sparkops.savefields import save_fields
 
 NOTE_LIMIT = GpuSample._meta.get_field("note").max_length
 
@@ -99,4 +100,4 @@ def record_gpu_report(node: Node, report: GpuReport, now: datetime) -> None:
         GpuSample.objects.bulk_create(gpu_samples(node, report, now))
         node.gpu = report.as_dict()
         node.gpu_read_at = now
-        node.save(update_fields=["gpu", "gpu_read_at"])
+        save_fields(node, ["gpu", "gpu_read_at"])

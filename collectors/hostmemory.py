@@ -26,6 +26,7 @@ from collectors.procfs import BudgetReading, Procfs
 from collectors.readings import HOST, Sample
 from collectors.sampling import PACED, Clock, WindowReading, stale_after, watch_host_memory
 from sparkops.prepared import PreparedRead
+from sparkops.savefields import save_fields
 
 # meminfo field -> stored metric
 _FIELD_METRICS = {
@@ -121,7 +122,7 @@ def record_window(node: Node, window: WindowReading,
             if total is not None and total != node.mem_total_bytes:
                 node.mem_total_bytes = total
         node.last_collection_at = window.finished_at
-        node.save(update_fields=["mem_total_bytes", "last_collection_at"])
+        save_fields(node, ["mem_total_bytes", "last_collection_at"])
     return collection
 
 

@@ -41,9 +41,11 @@ from collectors.procfs import (
     container_id_in_cgroup_path,
     container_ids_for_pids,
     in_memory_cgroup,
+    read_bytes,
 )
 from collectors.reads import present_engines
 from collectors.vllm.sleep import held_while_asleep
+from sparkops.savefields import save_fields
 from sparkops.units import GIB
 
 # On GB10 (compute capability 12.1) vLLM 0.33 keeps the small scheduler tier of
@@ -381,7 +383,7 @@ def record_changes(node: Node, ledger: Ledger, now: datetime) -> list[LedgerChan
     LedgerChange.objects.bulk_create(changes)
     node.ledger = ledger.as_dict()
     node.ledger_baseline = baseline
-    node.save(update_fields=["ledger", "ledger_baseline"])
+    save_fields(node, ["ledger", "ledger_baseline"])
     return changes
 
 
@@ -467,8 +469,7 @@ def _pids_in_container_cgroup(container_id: str) -> list[int] | None:
     pids: set[int] = set()
     try:
         for folder, _, _ in os.walk(directory, onerror=_raise):
-            with open(os.path.join(folder, "cgroup.procs"), "rb") as file:
-                pids.update(int(line) for line in file.read().split())
+            pids.update(int(line) for line in read_bytes(f"{folder}/cgroup.procs").split())
     except (OSError, ValueError):
         return None
     owners = container_ids_for_pids(pids)

@@ -1,0 +1,102 @@
+"""A row's fields written by ``sparkops.savefields.save_fields`` are what
+``save(update_fields=...)`` writes: the named columns and no other, each value as its field
+prepares it (JSON, aware times, None), the same error when the row is gone, and a refusal of
+a field ``save`` would treat otherwise (the key). Runs on SQLite here and on PostgreSQL in a
+process of its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+from django.db import DatabaseError, connection
+from django.test.utils import CaptureQueriesContext
+
+from collectors.models import Engine, Node
+from sparkops.savefields import save_fields
+from tests.conftest import PROJECT, subprocess_env
+
+pytestmark = pytest.mark.django_db
+AT = datetime(2026, 12, 7, 21, 30, 0, 125000, tzinfo=UTC)
+
+
+def _row(model, pk) -> dict:
+    """Every column of the row as the ORM reads it back."""
+    return model.objects.filter(pk=pk).values().get()
+
+
+def _changed(node: Node) -> None:
+    node.ledger = {"at": AT.isoformat(), "engines": [{"name": "a", "kv": 3 << 30}],
+                   "others_total": None}
+    node.last_collection_at = AT
+    node.mem_total_bytes = 121 << 30
+    node.hostname = "not written"
+
+
+def test_the_row_is_what_save_with_update_fields_writes():
+    by_save = Node.objects.create(name="by-save", hostname="h", mem_total_bytes=1 << 30)
+    by_us = Node.objects.create(name="by-us", hostname="h", mem_total_bytes=1 << 30)
+    fields = ["ledger", "last_collection_at", "mem_total_bytes"]
+    for node in (by_save, by_us):
+        _changed(node)
+    by_save.save(update_fields=fields)
+    with CaptureQueriesContext(connection) as queries:
+        save_fields(by_us, fields)
+
+    assert len(queries) == 1 and queries[0]["sql"].startswith("UPDATE")
+    ours, theirs = _row(Node, by_us.pk), _row(Node, by_save.pk)
+    for row in (ours, theirs):
+        del row["id"], row["name"], row["created_at"]
+    assert ours == theirs
+    assert ours["hostname"] == "h"  # a field not named keeps its stored value
+    assert ours["ledger"]["engines"][0]["kv"] == 3 << 30
+    assert ours["last_collection_at"] == AT
+
+
+def test_none_and_a_second_set_of_fields_of_the_same_model():
+    node = Node.objects.create(name="n", mem_total_bytes=1 << 30, ledger={"a": 1},
+                               last_collection_at=AT)
+    node.mem_total_bytes, node.last_collection_at = None, None
+    save_fields(node, ["mem_total_bytes", "last_collection_at"])
+    node.gpu = {"state": "absent"}
+    save_fields(node, ["gpu"])
+    row = _row(Node, node.pk)
+    assert (row["mem_total_bytes"], row["last_collection_at"], row["gpu"], row["ledger"]) == \
+        (None, None, {"state": "absent"}, {"a": 1})
+
+
+def test_a_row_deleted_meanwhile_is_saves_error():
+    node = Node.objects.create(name="gone", mem_total_bytes=1 << 30)
+    engine = Engine.objects.create(node=node, name="e", container_id="c" * 64)
+    Engine.objects.filter(pk=engine.pk).delete()
+    engine.phase = "ready"
+    with pytest.raises(DatabaseError, match="did not affect any rows"):
+        save_fields(engine, ["phase"])
+
+
+def test_the_key_is_not_a_field_it_writes():
+    node = Node.objects.create(name="key", mem_total_bytes=1 << 30)
+    with pytest.raises(ValueError, match="Node.id is not written"):
+        save_fields(node, ["id"])
+
+
+@pytest.mark.slow
+def test_the_same_on_postgresql(postgres_url, tmp_path):
+    """The tests above, in a process of its own on a fresh PostgreSQL database."""
+    if os.environ.get("DATABASE_URL"):
+        pytest.skip("already running on PostgreSQL")
+    database = f"savefields_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{database}"')
+    env = subprocess_env(DATABASE_URL=postgres_url.rsplit("/", 1)[0] + f"/{database}",
+                         SPARKOPS_DATA_DIR=str(tmp_path / "data"))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-p", "no:xdist", "-m", "not slow", __file__], cwd=PROJECT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and "skipped" not in run.stdout
