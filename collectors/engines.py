@@ -49,7 +49,7 @@ from collectors.kinds.llamaswap import (
 )
 from collectors.kinds.registry import READERS, reader_for
 from collectors.modelconfig import activation_bytes_per_token, read_container_model_config
-from collectors.models import Engine, EngineMetric, EngineReading, Event, Node, start_identity
+from collectors.models import Engine, EngineMetric, Event, Node, start_identity
 from collectors.nvml import GpuReport, processes_by_container
 from collectors.procfs import container_ids_for_pids, inode_seen_by_process
 from collectors.readings import Sample, engine_readings
@@ -61,7 +61,7 @@ from collectors.vllm.metrics import MetricsSnapshot
 from collectors.vllm.rates import Observation, Rates, compute_rates
 from collectors.vllm.scrape import ScrapeError
 from collectors.vllm.sleep import phase_with_sleep
-from sparkops.savefields import save_fields
+from sparkops.rowwrites import insert_rows, save_fields
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def collect_engines(
                                      else {}, known, now, samples, events)
     with transaction.atomic():
         _write_changed(present)
-        _insert_readings(engine_readings(samples))
+        insert_rows(engine_readings(samples))
         Event.objects.bulk_create(events)
         _mark_gone(node, known.values(), {e.pk for e, _ in present}, now)
     engines = [engine for engine, _ in present]
@@ -159,32 +159,11 @@ def _node_engines(node: Node) -> list[Engine]:
 
 def _write_changed(present: list[tuple[Engine, list[str]]]) -> None:
     """Write the changed fields of each engine as ``save(update_fields=changed)`` does
-    (:func:`sparkops.savefields.save_fields`). Cost: one statement per engine that changed,
+    (:func:`sparkops.rowwrites.save_fields`). Cost: one statement per engine that changed,
     and nothing else."""
     for engine, changed in present:
         if changed:
             save_fields(engine, changed)
-
-
-def _insert_readings(readings: list[EngineReading]) -> None:
-    """INSERT the new ``readings`` as ``bulk_create`` does (the values prepared by each field),
-    without reading their primary keys back: nothing here uses them.
-
-    Cost: one statement, run for each reading. It is written here: bulk_create spent as much
-    CPU building it as running it (four readings: 0.29 ms through bulk_create, 0.14 ms so).
-    """
-    if not readings:
-        return
-    meta = EngineReading._meta
-    fields = [field for field in meta.concrete_fields if field is not meta.pk]
-    quote = connection.ops.quote_name
-    columns = ", ".join(quote(field.column) for field in fields)
-    placeholders = ", ".join("%s" for _ in fields)
-    with connection.cursor() as cursor:
-        cursor.executemany(
-            f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ({placeholders})",
-            [[field.get_db_prep_save(field.pre_save(reading, True), connection)
-              for field in fields] for reading in readings])
 
 
 def _parse_config(container: EngineContainer, reader: KindReader) -> tuple[Launch | None, str]:

@@ -20,7 +20,7 @@ from django.db import transaction
 
 from collectors.models import GPU_NOT_SUPPORTED, Event, GpuMetric, GpuSample, Node
 from collectors.nvml import GpuDevice, GpuReport
-from sparkops.savefields import save_fields
+from sparkops.rowwrites import save_fields
 
 NOTE_LIMIT = GpuSample._meta.get_field("note").max_length
 

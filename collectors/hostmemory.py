@@ -26,7 +26,7 @@ from collectors.procfs import BudgetReading, Procfs
 from collectors.readings import HOST, Sample
 from collectors.sampling import PACED, Clock, WindowReading, stale_after, watch_host_memory
 from sparkops.prepared import PreparedRead
-from sparkops.savefields import save_fields
+from sparkops.rowwrites import insert_rows, save_fields
 
 # meminfo field -> stored metric
 _FIELD_METRICS = {
@@ -116,8 +116,8 @@ def record_window(node: Node, window: WindowReading,
             error=window.error or "",
         )
         if window.last is not None:
-            HOST.reading(node, window.finished_at,
-                         _samples(window, window.last, fragmentation)).save()
+            insert_rows([HOST.reading(node, window.finished_at,
+                                      _samples(window, window.last, fragmentation))])
             total = window.last.get("MemTotal")
             if total is not None and total != node.mem_total_bytes:
                 node.mem_total_bytes = total

@@ -45,7 +45,7 @@ from collectors.procfs import (
 )
 from collectors.reads import present_engines
 from collectors.vllm.sleep import held_while_asleep
-from sparkops.savefields import save_fields
+from sparkops.rowwrites import save_fields
 from sparkops.units import GIB
 
 # On GB10 (compute capability 12.1) vLLM 0.33 keeps the small scheduler tier of

@@ -32,11 +32,12 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors import docker_api, nvml, promtext
-from collectors.engines import _insert_readings, _json_copy, _node_engines, _write_changed
+from collectors.engines import _json_copy, _node_engines, _write_changed
 from collectors.models import Engine, EngineMetric, EngineReading, EngineStart
 from collectors.readings import Sample, engine_readings
 from collectors.starts import starts_to_look_at
 from collectors.vllm import metrics
+from sparkops.rowwrites import insert_rows
 from tests.nvml.stand_in import StandInNvml, gb10
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -230,7 +231,7 @@ def test_readings_are_inserted_as_bulk_create_inserts_them(engines):
                for metric, value in ((EngineMetric.REQUESTS_RUNNING, 3.0),
                                      (EngineMetric.CONTAINER_MEMORY, 2.5 * 2**30),
                                      (EngineMetric.TTFT_P95, None))]
-    _insert_readings(engine_readings(samples))
+    insert_rows(engine_readings(samples))
     ours = list(EngineReading.objects.order_by("engine_id").values())
     EngineReading.objects.all().delete()
     EngineReading.objects.bulk_create(engine_readings(samples))
@@ -238,7 +239,7 @@ def test_readings_are_inserted_as_bulk_create_inserts_them(engines):
     assert len(ours) == 2
     assert [{**row, "id": None} for row in ours] == [{**row, "id": None} for row in theirs]
     with CaptureQueriesContext(connection) as captured:
-        _insert_readings([])
+        insert_rows([])
     assert not captured.captured_queries
 
 

@@ -1,8 +1,11 @@
-"""A row's fields written by ``sparkops.savefields.save_fields`` are what
-``save(update_fields=...)`` writes: the named columns and no other, each value as its field
-prepares it (JSON, aware times, None), the same error when the row is gone, and a refusal of
-a field ``save`` would treat otherwise (the key). Runs on SQLite here and on PostgreSQL in a
-process of its own."""
+"""The kept writes of ``sparkops.rowwrites`` write what the ORM writes.
+
+``save_fields`` is ``save(update_fields=...)``: the named columns and no other, each value as
+its field prepares it (JSON, aware times, None), the same error when the row is gone, and a
+refusal of a field ``save`` would treat otherwise (the key). ``insert_rows`` is ``bulk_create``
+(a host reading with unknown figures and their notes). The engines' rows and readings are
+compared in ``tests/test_engine_collection_equivalence.py``. Runs on SQLite here and on
+PostgreSQL in a process of its own."""
 
 from __future__ import annotations
 
@@ -17,8 +20,9 @@ import pytest
 from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
 
-from collectors.models import Engine, Node
-from sparkops.savefields import save_fields
+from collectors.models import Engine, HostReading, Metric, Node
+from collectors.readings import HOST, Sample
+from sparkops.rowwrites import insert_rows, save_fields
 from tests.conftest import PROJECT, subprocess_env
 
 pytestmark = pytest.mark.django_db
@@ -85,12 +89,31 @@ def test_the_key_is_not_a_field_it_writes():
         save_fields(node, ["id"])
 
 
+def test_a_host_reading_is_inserted_as_bulk_create_inserts_it():
+    node = Node.objects.create(name="readings", mem_total_bytes=1 << 30)
+    samples = [Sample(Metric.MEM_AVAILABLE, AT, 7.5 * 2**30),
+               Sample(Metric.MEM_AVAILABLE_MIN, AT, 7 * 2**30),
+               Sample(Metric.SWAP_FREE, AT, None, note="no swap file")]
+    with CaptureQueriesContext(connection) as queries:
+        insert_rows([HOST.reading(node, AT, samples)])
+    assert len(queries) == 1 and "INSERT INTO" in queries[0]["sql"]
+    ours = list(HostReading.objects.values())
+    HostReading.objects.all().delete()
+    HostReading.objects.bulk_create([HOST.reading(node, AT, samples)])
+    theirs = list(HostReading.objects.values())
+    assert [{**row, "id": None} for row in ours] == [{**row, "id": None} for row in theirs]
+    assert ours[0]["notes"] == {str(int(Metric.SWAP_FREE)): "no swap file"}
+    with CaptureQueriesContext(connection) as queries:
+        insert_rows([])
+    assert not queries
+
+
 @pytest.mark.slow
 def test_the_same_on_postgresql(postgres_url, tmp_path):
     """The tests above, in a process of its own on a fresh PostgreSQL database."""
     if os.environ.get("DATABASE_URL"):
         pytest.skip("already running on PostgreSQL")
-    database = f"savefields_{uuid.uuid4().hex[:8]}"
+    database = f"rowwrites_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(postgres_url, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{database}"')
     env = subprocess_env(DATABASE_URL=postgres_url.rsplit("/", 1)[0] + f"/{database}",
