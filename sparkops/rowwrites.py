@@ -60,6 +60,8 @@ _inserts: dict[tuple[type[Model], str], tuple[list[Field], str]] = {}
 
 
 def _insert(model: type[Model], connection: Any) -> tuple[list[Field], str]:
+    """The model's fields but its key and the INSERT that writes them, made once per model and
+    database vendor."""
     key = (model, connection.vendor)
     found = _inserts.get(key)
     if found is None:
