@@ -75,8 +75,11 @@ def _insert(model: type[Model], connection: Any) -> tuple[list[Field], str]:
     return found
 
 
-# (model, field names, database vendor) -> the fields and their UPDATE
+# (model, field names, database vendor) -> the fields and their UPDATE. An engine's changed
+# fields differ from one collection to the next, so the kept statements are bounded: past this
+# many they are made anew.
 _statements: dict[tuple[type[Model], tuple[str, ...], str], tuple[list[Field], str]] = {}
+KEPT_STATEMENTS = 512
 
 
 def _statement(model: type[Model], names: tuple[str, ...], connection: Any
@@ -94,6 +97,8 @@ def _statement(model: type[Model], names: tuple[str, ...], connection: Any
                                  f"save_fields: it is the key, not a column, or set on save")
         quote = connection.ops.quote_name
         assignments = ", ".join(f"{quote(field.column)} = %s" for field in fields)
+        if len(_statements) >= KEPT_STATEMENTS:
+            _statements.clear()
         found = _statements[key] = (fields, f"UPDATE {quote(meta.db_table)} SET {assignments} "
                                             f"WHERE {quote(meta.pk.column)} = %s")
     return found

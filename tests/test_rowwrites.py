@@ -89,6 +89,23 @@ def test_the_key_is_not_a_field_it_writes():
         save_fields(node, ["id"])
 
 
+def test_the_kept_statements_stay_bounded_as_the_changed_fields_vary(monkeypatch):
+    from sparkops import rowwrites
+
+    monkeypatch.setattr(rowwrites, "KEPT_STATEMENTS", 3)
+    monkeypatch.setattr(rowwrites, "_statements", {})
+    node = Node.objects.create(name="bounded", mem_total_bytes=1 << 30)
+    names = ["hostname", "mem_total_bytes", "last_collection_at", "ledger", "gpu"]
+    node.hostname, node.mem_total_bytes, node.last_collection_at = "b", 2 << 30, AT
+    node.ledger, node.gpu = {"n": 1}, {"state": "absent"}
+    for count in range(1, len(names) + 1):
+        save_fields(node, names[:count])
+        assert len(rowwrites._statements) <= 3
+    row = _row(Node, node.pk)
+    assert (row["hostname"], row["mem_total_bytes"], row["ledger"], row["gpu"]) == \
+        ("b", 2 << 30, {"n": 1}, {"state": "absent"})
+
+
 def test_a_host_reading_is_inserted_as_bulk_create_inserts_it():
     node = Node.objects.create(name="readings", mem_total_bytes=1 << 30)
     samples = [Sample(Metric.MEM_AVAILABLE, AT, 7.5 * 2**30),
