@@ -7,6 +7,7 @@ import importlib
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -139,6 +140,26 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     """This environment for a child process, minus what only the test process may have."""
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOW_ASYNC_UNSAFE"}
     return {**env, **extra}
+
+
+def rerun_on_postgresql(test_file: str, postgres_url: str, data_dir: Path) -> None:
+    """Run ``test_file``'s tests that are not slow again, in a process of their own on a fresh
+    PostgreSQL database of the cluster ``postgres_url``; skipped when this run is on PostgreSQL
+    already. Fails with the child's output unless every test passed and none was skipped."""
+    import psycopg
+
+    if os.environ.get("DATABASE_URL"):
+        pytest.skip("already running on PostgreSQL")
+    database = f"{Path(test_file).stem}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{database}"')
+    env = subprocess_env(DATABASE_URL=postgres_url.rsplit("/", 1)[0] + f"/{database}",
+                         SPARKOPS_DATA_DIR=str(data_dir))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "-p", "no:xdist", "-m", "not slow", test_file], cwd=PROJECT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and "skipped" not in run.stdout
 
 
 @pytest.fixture(scope="session")

@@ -10,13 +10,8 @@ the same rows. Runs on SQLite here and on PostgreSQL in a process of its own.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import uuid
 from datetime import UTC, datetime, timedelta
 
-import psycopg
 import pytest
 from django.db import connection
 from django.db.models import Count, Max, OuterRef, Subquery
@@ -24,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 
 from collectors.models import Engine, Event, Node
 from sparkops.prepared import PreparedRead
-from tests.conftest import PROJECT, subprocess_env
+from tests.conftest import rerun_on_postgresql
 
 pytestmark = pytest.mark.django_db
 T0 = datetime(2026, 12, 1, 8, 0, 0, 250000, tzinfo=UTC)
@@ -180,15 +175,4 @@ def test_each_thread_keeps_its_own(rows):
 @pytest.mark.slow
 def test_the_same_on_postgresql(postgres_url, tmp_path):
     """The tests above, in a process of its own on a fresh PostgreSQL database."""
-    if os.environ.get("DATABASE_URL"):
-        pytest.skip("already running on PostgreSQL")
-    database = f"prepared_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{database}"')
-    env = subprocess_env(DATABASE_URL=postgres_url.rsplit("/", 1)[0] + f"/{database}",
-                         SPARKOPS_DATA_DIR=str(tmp_path / "data"))
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "-p", "no:xdist", "-m", "not slow", __file__], cwd=PROJECT, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert " passed" in run.stdout and "skipped" not in run.stdout
+    rerun_on_postgresql(__file__, postgres_url, tmp_path / "data")

@@ -9,13 +9,8 @@ PostgreSQL in a process of its own."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import uuid
 from datetime import UTC, datetime
 
-import psycopg
 import pytest
 from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
@@ -23,7 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from collectors.models import Engine, HostReading, Metric, Node
 from collectors.readings import HOST, Sample
 from sparkops.rowwrites import insert_rows, save_fields
-from tests.conftest import PROJECT, subprocess_env
+from tests.conftest import rerun_on_postgresql
 
 pytestmark = pytest.mark.django_db
 AT = datetime(2026, 12, 7, 21, 30, 0, 125000, tzinfo=UTC)
@@ -128,15 +123,4 @@ def test_a_host_reading_is_inserted_as_bulk_create_inserts_it():
 @pytest.mark.slow
 def test_the_same_on_postgresql(postgres_url, tmp_path):
     """The tests above, in a process of its own on a fresh PostgreSQL database."""
-    if os.environ.get("DATABASE_URL"):
-        pytest.skip("already running on PostgreSQL")
-    database = f"rowwrites_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{database}"')
-    env = subprocess_env(DATABASE_URL=postgres_url.rsplit("/", 1)[0] + f"/{database}",
-                         SPARKOPS_DATA_DIR=str(tmp_path / "data"))
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "-p", "no:xdist", "-m", "not slow", __file__], cwd=PROJECT, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    assert " passed" in run.stdout and "skipped" not in run.stdout
+    rerun_on_postgresql(__file__, postgres_url, tmp_path / "data")
