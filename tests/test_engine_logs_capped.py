@@ -24,10 +24,12 @@ STARTUP_LINES = [
     "INFO 12-01 10:00:02 [gpu_worker.py:1] Available KV cache memory: 20.00 GiB",
     "INFO 12-01 10:00:03 [launcher.py:1] Application startup complete.",
 ]
-# 20 MB without a newline, then the normal startup lines; then the engine stays up, quiet.
-SCRIPT = ("import sys, time\n"
+# 20 MB without a newline, then the normal startup lines; then the engine stays up, quiet. Once
+# everything is written to its output, a file in /written says so.
+SCRIPT = ("import pathlib, sys, time\n"
           f"sys.stdout.write('x' * {HUGE}); sys.stdout.flush()\n"
           "sys.stdout.write('\\n' + '\\n'.join({lines!r}) + '\\n'); sys.stdout.flush()\n"
+          "pathlib.Path('/written/done').touch()\n"
           "time.sleep(600)\n").format(lines=STARTUP_LINES)
 
 
@@ -51,11 +53,14 @@ def _read_until_settled(api, cid, timeout=60.0):
     raise AssertionError(f"log not read through within {timeout} s: {reads[-1:]}")
 
 
-def test_a_huge_line_is_capped_cut_and_the_later_lines_read_once(api):
+def test_a_huge_line_is_capped_cut_and_the_later_lines_read_once(api, tmp_path):
     cid = run_container(unique_name("hugeline"), ["python3", "-c", SCRIPT],
-                        labels={"sparkops.engine": "vllm"})
+                        labels={"sparkops.engine": "vllm"}, volumes=[f"{tmp_path}:/written"])
     # A read made while the huge line was still being written would end at its unfinished end,
-    # shorter than the line cap, with nothing to cut: read once all of it is logged.
+    # shorter than the line cap, with nothing to cut: read once all of it is logged. The log is
+    # not asked before the container has written everything: asked for its last line while
+    # only pieces of the huge line were logged, the engine reads back through all of them.
+    wait_for((tmp_path / "done").exists, 60, "the container's output written")
     wait_for(lambda: STARTUP_LINES[-1] in api.containers.get(cid).logs(tail=1).decode(
         errors="replace"), 60, "the container's startup lines after its huge line")
 
@@ -78,9 +83,11 @@ def test_a_huge_line_is_capped_cut_and_the_later_lines_read_once(api):
 
 
 @pytest.mark.django_db
-def test_collection_parses_the_lines_after_a_huge_one_and_does_not_read_them_again(node, api):
+def test_collection_parses_the_lines_after_a_huge_one_and_does_not_read_them_again(node, api,
+                                                                                  tmp_path):
     name = unique_name("hugeline")
-    cid = run_container(name, ["python3", "-c", SCRIPT], labels={"sparkops.engine": "vllm"})
+    cid = run_container(name, ["python3", "-c", SCRIPT], labels={"sparkops.engine": "vllm"},
+                        volumes=[f"{tmp_path}:/written"])
 
     now = timezone.now()
     deadline = time.monotonic() + 60
