@@ -28,10 +28,11 @@ A read is all or nothing, as a vLLM scrape: a :class:`Reading` comes back whole 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
+from collectors.kinds.discovery import runs
 from collectors.vllm.findings import MountCheck, stale_mounts
 from collectors.vllm.logs import LogError
 from collectors.vllm.metrics import MetricsSnapshot
@@ -215,6 +216,42 @@ class KindReader(Protocol):
     def read(self, base_url: str, *, deadline: float) -> Reading:
         """Read the engine's endpoints under ``base_url`` within ``deadline`` seconds in all;
         raises :class:`~collectors.vllm.scrape.ScrapeError` with a one-line reason."""
+
+
+
+class ModuleKind:
+    """A :class:`KindReader` made of its module's parts, for a kind whose stored startup is a
+    :class:`KindStartup` and whose findings are :func:`kind_findings` of its launch checks.
+    A subclass names, besides the :class:`KindReader` attributes, ``log_parser`` (the class of
+    its startup parser, whose result is a :class:`KindStartup`) and, as static methods,
+    ``launch_parser(command, env)``, ``launch_checks(config)`` and
+    ``endpoint_reader(base_url, deadline=)``."""
+
+    kind: str
+    log_parser: Callable[[], StartupParser]
+    launch_parser: Callable[[list[str], Mapping[str, str]], Launch]
+    launch_checks: Callable[[dict[str, Any]], list[dict[str, str]]]
+    endpoint_reader: Callable[..., Reading]
+
+    def matches(self, words: Sequence[str]) -> bool:
+        return runs(self.kind, words)
+
+    def parse_launch(self, command: list[str], env: Mapping[str, str]) -> Launch:
+        return self.launch_parser(command, env)
+
+    def new_log_parser(self) -> StartupParser:
+        return self.log_parser()
+
+    def startup_from_dict(self, data: Mapping[str, Any]) -> KindStartup:
+        return KindStartup.from_dict(data)
+
+    def findings(self, launch: Launch | None, startup: KindStartup | None,
+                 mounts: list[MountCheck]) -> list[dict[str, str]]:
+        return kind_findings(self.launch_checks(launch.config) if launch else [], startup,
+                             mounts)
+
+    def read(self, base_url: str, *, deadline: float) -> Reading:
+        return self.endpoint_reader(base_url, deadline=deadline)
 
 
 def gib_from_mib(mib: float) -> float:

@@ -69,13 +69,11 @@ from collectors.kinds.base import (
     Launch,
     LaunchError,
     LineLogParser,
+    ModuleKind,
     Reading,
     gib_from_mib,
-    kind_findings,
 )
-from collectors.kinds.discovery import runs
 from collectors.kinds.http import Clock, get, get_json, one_line, parse_error
-from collectors.vllm.findings import MountCheck
 from collectors.vllm.metrics import MetricsSnapshot
 from collectors.vllm.scrape import ScrapeError
 
@@ -684,7 +682,7 @@ def _snapshot(props: dict[str, Any], metrics: LlamaCppMetrics | None,
     )
 
 
-class LlamaCppReader:
+class LlamaCppReader(ModuleKind):
     kind = "llamacpp"
     title = "llama.cpp server"
     endpoints = "llama-server API"
@@ -695,31 +693,7 @@ class LlamaCppReader:
                        "at start, is shown apart)",
         "ttft": "llama-server's /metrics has no latency histograms",
     }
-
-    def matches(self, words: Sequence[str]) -> bool:
-        return runs(self.kind, words)
-
-    def parse_launch(self, command: list[str], env: Mapping[str, str]) -> Launch:
-        return parse_launch(command, env)
-
-    def new_log_parser(self) -> LlamaCppLogParser:
-        return LlamaCppLogParser()
-
-    def startup_from_dict(self, data: Mapping[str, Any]) -> KindStartup:
-        return KindStartup.from_dict(data)
-
-    def findings(self, launch: Launch | None, startup: KindStartup | None,
-                 mounts: list[MountCheck]) -> list[dict[str, str]]:
-        return kind_findings(check_launch(launch.config) if launch else [], startup, mounts)
-
-    def read(self, base_url: str, *, deadline: float) -> Reading:
-        return read_endpoints(base_url, deadline=deadline)
-
-
-def startup_findings(startup: KindStartup | None) -> list[dict[str, str]]:
-    """Each startup error the log showed, as a finding (as vLLM's ``startup-error``)."""
-    if startup is None:
-        return []
-    return [{"code": "startup-error", "severity": "error",
-             "message": f"The engine failed to start ({error.kind}): {error.message}"}
-            for error in startup.errors]
+    log_parser = LlamaCppLogParser
+    launch_parser = staticmethod(parse_launch)
+    launch_checks = staticmethod(check_launch)
+    endpoint_reader = staticmethod(read_endpoints)

@@ -29,10 +29,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from collectors.kinds.base import KindStartup, Launch, LaunchError, Reading, kind_findings
+from collectors.kinds.base import KindStartup, Launch, LaunchError, ModuleKind, Reading
 from collectors.kinds.discovery import runs
 from collectors.kinds.http import Clock, get_json, parse_error
-from collectors.vllm.findings import MountCheck
 from collectors.vllm.logs import LogError
 from collectors.vllm.metrics import MetricsSnapshot
 
@@ -227,7 +226,7 @@ def read_endpoints(base_url: str, *, deadline: float) -> Reading:
     return Reading(snapshot=snapshot, details=details)
 
 
-class OllamaReader:
+class OllamaReader(ModuleKind):
     kind = "ollama"
     title = "Ollama"
     endpoints = "Ollama API"
@@ -244,22 +243,7 @@ class OllamaReader:
         "cuda_graphs": "Ollama reports no CUDA-graph memory",
         "ttft": "Ollama has no /metrics: no latency histograms",
     }
-
-    def matches(self, words: Sequence[str]) -> bool:
-        return runs(self.kind, words)
-
-    def parse_launch(self, command: list[str], env: Mapping[str, str]) -> Launch:
-        return parse_launch(command, env)
-
-    def new_log_parser(self) -> OllamaLogParser:
-        return OllamaLogParser()
-
-    def startup_from_dict(self, data: Mapping[str, Any]) -> KindStartup:
-        return KindStartup.from_dict(data)
-
-    def findings(self, launch: Launch | None, startup: KindStartup | None,
-                 mounts: list[MountCheck]) -> list[dict[str, str]]:
-        return kind_findings(check_launch(launch.config) if launch else [], startup, mounts)
-
-    def read(self, base_url: str, *, deadline: float) -> Reading:
-        return read_endpoints(base_url, deadline=deadline)
+    log_parser = OllamaLogParser
+    launch_parser = staticmethod(parse_launch)
+    launch_checks = staticmethod(check_launch)
+    endpoint_reader = staticmethod(read_endpoints)

@@ -67,13 +67,11 @@ from collectors.kinds.base import (
     Launch,
     LaunchError,
     LineLogParser,
+    ModuleKind,
     Reading,
-    kind_findings,
 )
-from collectors.kinds.discovery import runs
 from collectors.kinds.http import Clock, get, get_json, parse_error
 from collectors.kinds.prometheus import Exposition, decode, histogram_names, parse
-from collectors.vllm.findings import MountCheck
 from collectors.vllm.metrics import MetricsSnapshot
 from sparkops.units import GIB
 
@@ -455,29 +453,14 @@ def _state(snapshot: MetricsSnapshot, info: dict[str, Any]) -> str:
     return f"{snapshot.requests_running}{of} running, {snapshot.requests_waiting or 0} queued"
 
 
-class SglangReader:
+class SglangReader(ModuleKind):
     kind = "sglang"
     title = "SGLang"
     endpoints = "SGLang API"
     default_port = DEFAULT_PORT
     health_path = "/health"  # 503 while the server starts
     never_reported: Mapping[str, str] = {}
-
-    def matches(self, words: Sequence[str]) -> bool:
-        return runs(self.kind, words)
-
-    def parse_launch(self, command: list[str], env: Mapping[str, str]) -> Launch:
-        return parse_launch(command, env)
-
-    def new_log_parser(self) -> SglangLogParser:
-        return SglangLogParser()
-
-    def startup_from_dict(self, data: Mapping[str, Any]) -> KindStartup:
-        return KindStartup.from_dict(data)
-
-    def findings(self, launch: Launch | None, startup: KindStartup | None,
-                 mounts: list[MountCheck]) -> list[dict[str, str]]:
-        return kind_findings(check_launch(launch.config) if launch else [], startup, mounts)
-
-    def read(self, base_url: str, *, deadline: float) -> Reading:
-        return read_endpoints(base_url, deadline=deadline)
+    log_parser = SglangLogParser
+    launch_parser = staticmethod(parse_launch)
+    launch_checks = staticmethod(check_launch)
+    endpoint_reader = staticmethod(read_endpoints)

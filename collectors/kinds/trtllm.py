@@ -59,13 +59,11 @@ from collectors.kinds.base import (
     Launch,
     LaunchError,
     LineLogParser,
+    ModuleKind,
     Reading,
-    kind_findings,
 )
-from collectors.kinds.discovery import runs
 from collectors.kinds.http import Clock, get, get_json, parse_error
 from collectors.kinds.prometheus import Exposition, decode, histogram_names, parse
-from collectors.vllm.findings import MountCheck
 from collectors.vllm.metrics import MetricsSnapshot
 
 DEFAULT_PORT = 8000
@@ -402,7 +400,7 @@ def _state(snapshot: MetricsSnapshot, details: dict[str, Any]) -> str:
     return f"{snapshot.requests_running} running, {snapshot.requests_waiting or 0} queued{kv}"
 
 
-class TrtllmReader:
+class TrtllmReader(ModuleKind):
     kind = "trtllm"
     title = "TensorRT-LLM"
     endpoints = "trtllm-serve API"
@@ -413,22 +411,7 @@ class TrtllmReader:
                    "them",
         "cuda_graphs": "trtllm-serve does not log CUDA-graph memory",
     }
-
-    def matches(self, words: Sequence[str]) -> bool:
-        return runs(self.kind, words)
-
-    def parse_launch(self, command: list[str], env: Mapping[str, str]) -> Launch:
-        return parse_launch(command, env)
-
-    def new_log_parser(self) -> TrtllmLogParser:
-        return TrtllmLogParser()
-
-    def startup_from_dict(self, data: Mapping[str, Any]) -> KindStartup:
-        return KindStartup.from_dict(data)
-
-    def findings(self, launch: Launch | None, startup: KindStartup | None,
-                 mounts: list[MountCheck]) -> list[dict[str, str]]:
-        return kind_findings(check_launch(launch.config) if launch else [], startup, mounts)
-
-    def read(self, base_url: str, *, deadline: float) -> Reading:
-        return read_endpoints(base_url, deadline=deadline)
+    log_parser = TrtllmLogParser
+    launch_parser = staticmethod(parse_launch)
+    launch_checks = staticmethod(check_launch)
+    endpoint_reader = staticmethod(read_endpoints)
