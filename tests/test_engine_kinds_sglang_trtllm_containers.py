@@ -238,8 +238,11 @@ def test_sglang_growth_squeezes_trtllm_prefill_and_resolves(node, api, memory_bu
     first_cause = alert.details["causes"][0]
     if first_cause["label"] == f"{cause}'s KV pool":
         # Its pool was reported before the alert fired: its size as its metrics tell it
-        # (exact), or its log (two decimals of GB), whichever the collection read first.
-        assert first_cause["before_bytes"] == 64 * MIB, _changes_of(node, cause)
+        # (exact), or its log (two decimals of GB), whichever the collection read first. The
+        # move from the log's 0.06 GiB to the exact 64 MiB is under the ledger's change
+        # fraction and is not recorded, so the growth starts from the size first recorded.
+        assert first_cause["before_bytes"] in (64 * MIB, int(0.06 * GIB)), \
+            _changes_of(node, cause)
         assert first_cause["after_bytes"] == pytest.approx(4160 * MIB, abs=0.01 * 1024**3)
     else:
         # It fired while the new container was still allocating (a slow machine): the cause is
