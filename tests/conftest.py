@@ -17,7 +17,7 @@ import pytest
 from collectors.models import Node
 from collectors.procfs import Procfs
 from sparkops.testing.ports import free_port, wait_for_port
-from sparkops.testing.postgres import pg_bin, postgres_server
+from sparkops.testing.postgres import fresh_database, pg_bin, postgres_server
 
 # Shared fixtures that live in their own harness modules: a real browser, a real container engine
 # and memory budgets for its containers.
@@ -146,14 +146,11 @@ def rerun_on_postgresql(test_file: str, postgres_url: str, data_dir: Path) -> No
     """Run ``test_file``'s tests that are not slow again, in a process of their own on a fresh
     PostgreSQL database of the cluster ``postgres_url``; skipped when this run is on PostgreSQL
     already. Fails with the child's output unless every test passed and none was skipped."""
-    import psycopg
+    from django.db import connection
 
-    if os.environ.get("DATABASE_URL"):
-        pytest.skip("already running on PostgreSQL")
-    database = f"{Path(test_file).stem}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{database}"')
-    env = subprocess_env(DATABASE_URL=postgres_url.rsplit("/", 1)[0] + f"/{database}",
+    if connection.vendor == "postgresql":
+        pytest.skip("this run is on PostgreSQL already: the tests above ran there")
+    env = subprocess_env(DATABASE_URL=fresh_database(postgres_url, Path(test_file).stem),
                          SPARKOPS_DATA_DIR=str(data_dir))
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                           "-p", "no:xdist", "-m", "not slow", test_file], cwd=PROJECT, env=env,

@@ -35,6 +35,7 @@ from sparkops.celery import (
 )
 from sparkops.stackworker import FleetNode
 from sparkops.testing.ports import free_port
+from sparkops.testing.postgres import fresh_database
 from tests.conftest import FIXTURES, PROJECT, subprocess_env
 from tests.processes import stop_group
 
@@ -143,14 +144,6 @@ def test_a_migrated_database_has_no_schema_problem():
 # --- for real (slow) -------------------------------------------------------------------------
 
 
-def _database(postgres_url: str, prefix: str) -> str:
-    """A fresh, empty database in the session's cluster; its URL."""
-    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    return postgres_url.rsplit("/", 1)[0] + f"/{name}"
-
-
 @pytest.mark.slow
 def test_bin_sparkops_agent_refuses_the_embedded_defaults(tmp_path):
     result = subprocess.run([str(SCRIPT), "agent"], capture_output=True, text=True, timeout=120,
@@ -165,7 +158,7 @@ def test_bin_sparkops_agent_refuses_the_embedded_defaults(tmp_path):
 @pytest.mark.slow
 def test_bin_sparkops_agent_migrates_nothing_and_says_the_schema_is_not_current(
         tmp_path, postgres_url, redis_url):
-    url = _database(postgres_url, "agent_unmigrated")
+    url = fresh_database(postgres_url, "agent_unmigrated")
     result = subprocess.run([str(SCRIPT), "agent"], capture_output=True, text=True, timeout=120,
                             env=subprocess_env(SPARKOPS_DATA_DIR=str(tmp_path / "data"),
                                                DATABASE_URL=url, CELERY_BROKER_URL=redis_url))
@@ -206,7 +199,7 @@ class Fleet:
 
     def __init__(self, tmp_path: Path, postgres_url: str, redis_url: str) -> None:
         self.tmp_path = tmp_path
-        self.database_url = _database(postgres_url, "fleet")
+        self.database_url = fresh_database(postgres_url, "fleet")
         self.broker_url = redis_url.rsplit("/", 1)[0] + "/7"
         self.processes: list[subprocess.Popen] = []
 

@@ -27,6 +27,7 @@ import psycopg
 import pytest
 
 from sparkops.testing.ports import free_port, wait_for_port
+from sparkops.testing.postgres import fresh_database
 from tests.conftest import FIXTURES, PROJECT, subprocess_env
 from tests.containers import podman, run_container
 from tests.processes import sign_in, stop_group
@@ -44,14 +45,6 @@ UNREACHABLE_AFTER_BEATS = 3
 # bound (3 beats), one watch interval (the centre's check runs every beat) and the evaluation,
 # here given 10 s on a machine that runs other tests beside this one.
 REPORT_BOUND_SECONDS = HEARTBEAT_SECONDS * UNREACHABLE_AFTER_BEATS + HEARTBEAT_SECONDS + 10
-
-
-def _database(postgres_url: str) -> str:
-    """A fresh database of the session's cluster for this fleet; its URL."""
-    name = f"fleet_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    return postgres_url.rsplit("/", 1)[0] + f"/{name}"
 
 
 def _procfs(root: Path, kernel: str) -> Path:
@@ -178,7 +171,7 @@ class Fleet:
 
 @pytest.fixture
 def fleet(tmp_path, postgres_url, redis_url, docker_host) -> Iterator[Fleet]:
-    built = Fleet(tmp_path, _database(postgres_url), redis_url, docker_host)
+    built = Fleet(tmp_path, fresh_database(postgres_url, "fleet"), redis_url, docker_host)
     built.manage("migrate", "--noinput", "--verbosity", "0")
     # engine-down at once, not after its minute: a storm would show in seconds.
     built.manage("shell", "-c", "from dashboard.alerting.models import RuleSetting; "

@@ -9,7 +9,6 @@ and ``tests/test_upgrade_release.py`` (an old database: stale, not ready).
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import timedelta
 
 import psycopg
@@ -22,6 +21,7 @@ from collectors.health import collection_bound, readiness
 from collectors.models import Collection, Node
 from sparkops.backends import check_broker, check_database, describe_database, mask_url
 from sparkops.testing.ports import free_port
+from sparkops.testing.postgres import fresh_database
 from sparkops.version import VERSION
 
 
@@ -224,10 +224,7 @@ def test_readiness_does_not_read_collections_from_a_database_that_is_down(this_n
 def test_postgresql_answers_once_it_is_migrated(postgres_url):
     import dj_database_url
 
-    name = f"ready_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = postgres_url.rsplit("/", 1)[0] + f"/{name}"
+    url = fresh_database(postgres_url, "ready")
     wrapper = _wrapper(**dj_database_url.parse(url))
 
     empty = check_database(wrapper=wrapper)

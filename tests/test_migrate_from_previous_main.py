@@ -7,15 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
 from io import StringIO
 from pathlib import Path
 
-import psycopg
 import pytest
 from django.core.management import call_command
 from django.urls import reverse
 
+from sparkops.testing.postgres import fresh_database
 from tests.conftest import PROJECT, subprocess_env
 
 # Every URL name of the previous release (but the dead memory.json), with its path there.
@@ -92,10 +91,7 @@ def test_a_sqlite_installation_upgrades_in_place(tmp_path):
 
 @pytest.mark.slow
 def test_a_postgresql_installation_upgrades_in_place(postgres_url, tmp_path):
-    database = f"upgrade_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{database}"')
-    _check(_upgrade(postgres_url.rsplit("/", 1)[0] + f"/{database}", tmp_path / "data"))
+    _check(_upgrade(fresh_database(postgres_url, "upgrade"), tmp_path / "data"))
 
 
 def test_every_url_name_and_path_of_the_previous_release_still_resolves():

@@ -22,11 +22,9 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import psycopg
 import pytest
 from django.utils import timezone
 
@@ -36,6 +34,7 @@ from dashboard.status import status_report
 from sparkops import backup as backups
 from sparkops.stackstate import read_stack_state, running_reason, started_ticks
 from sparkops.supervise import StateFile, process_entry
+from sparkops.testing.postgres import fresh_database
 from sparkops.timetext import age_text
 from tests.conftest import PROJECT, subprocess_env
 
@@ -366,12 +365,9 @@ def test_backup_and_restore_on_sqlite(tmp_path):
 
 @pytest.mark.slow
 def test_backup_and_restore_on_postgresql(tmp_path, postgres_url):
-    name = f"backup_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
     data = tmp_path / "data"
     env = subprocess_env(SPARKOPS_DATA_DIR=str(data), SPARKOPS_NODE_NAME="backup-test",
-                         DATABASE_URL=postgres_url.rsplit("/", 1)[0] + f"/{name}")
+                         DATABASE_URL=fresh_database(postgres_url, "backup"))
     _round_trip(env, data, ".pgdump")
     assert next(data.glob("sparkops-backup-*.pgdump")).read_bytes()[:5] == b"PGDMP"
 

@@ -26,7 +26,6 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,6 +37,7 @@ import requests
 
 from collectors.readings import ENGINE, HOST
 from sparkops.testing.ports import free_port, wait_for_port
+from sparkops.testing.postgres import fresh_database
 from sparkops.version import VERSION
 from tests.conftest import PROJECT, subprocess_env
 from tests.processes import stop_group
@@ -332,10 +332,7 @@ def test_an_installation_of_the_previous_release_upgrades_on_sqlite(tmp_path):
 @pytest.mark.slow
 def test_an_installation_of_the_previous_release_upgrades_on_postgresql(tmp_path,
                                                                         postgres_url):
-    name = f"release_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = postgres_url.rsplit("/", 1)[0] + f"/{name}"
+    url = fresh_database(postgres_url, "release")
     made = subprocess.run([sys.executable, str(MAKE), "--database-url", url], cwd=PROJECT,
                           env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert made.returncode == 0, made.stdout + made.stderr

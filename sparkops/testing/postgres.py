@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +39,17 @@ def postgres_version() -> str:
         return "not installed"
     return out.stdout.strip().removeprefix("postgres (PostgreSQL) ")
 
+
+
+def fresh_database(server_url: str, prefix: str) -> str:
+    """A new, empty database ``<prefix>_<8 hex>`` in the cluster of ``server_url`` (a
+    :func:`postgres_server` URL); its URL."""
+    import psycopg
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    return server_url.rsplit("/", 1)[0] + f"/{name}"
 
 @contextmanager
 def postgres_server(prefix: str = "sparkops-pg-") -> Iterator[str]:

@@ -7,21 +7,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
 
-import psycopg
 import pytest
 
+from sparkops.testing.postgres import fresh_database
 from tests.conftest import PROJECT, subprocess_env
 
 pytestmark = pytest.mark.slow
 
 
 def test_a_notice_queued_during_the_deletion_waits_and_is_left_out(postgres_url, tmp_path):
-    database = f"channel_race_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{database}"')
-    env = subprocess_env(DATABASE_URL=postgres_url.rsplit("/", 1)[0] + f"/{database}",
+    env = subprocess_env(DATABASE_URL=fresh_database(postgres_url, "channel_race"),
                          SPARKOPS_DATA_DIR=str(tmp_path / "data"))
     subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=PROJECT, env=env,
                    check=True, timeout=120)

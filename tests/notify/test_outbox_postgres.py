@@ -9,12 +9,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 
 import psycopg
 import pytest
 
+from sparkops.testing.postgres import fresh_database
 from tests.conftest import PROJECT, subprocess_env
 
 pytestmark = pytest.mark.slow
@@ -25,10 +25,7 @@ CHANNELS = 6
 
 
 def test_worker_processes_send_every_row_exactly_once(postgres_url, tmp_path):
-    database = f"notify_race_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{database}"')
-    url = postgres_url.rsplit("/", 1)[0] + f"/{database}"
+    url = fresh_database(postgres_url, "notify_race")
     env = subprocess_env(DATABASE_URL=url, SPARKOPS_DATA_DIR=str(tmp_path / "data"))
     python = sys.executable
 
