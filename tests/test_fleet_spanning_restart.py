@@ -15,8 +15,9 @@ import re
 import pytest
 
 from sparkops.testing.ports import free_port, wait_for_port
+from sparkops.testing.postgres import fresh_database
 from tests.containers import run_container
-from tests.test_fleet_agents import CENTRE, Fleet, _database
+from tests.test_fleet_agents import CENTRE, Fleet
 from tests.test_spanning_containers import _emulator
 
 pytestmark = pytest.mark.slow
@@ -36,7 +37,7 @@ print(plan_restart(head, user=admin, now=timezone.now()).pk)
 
 @pytest.fixture
 def fleet(tmp_path, postgres_url, redis_url, docker_host):
-    built = Fleet(tmp_path, _database(postgres_url), redis_url, docker_host)
+    built = Fleet(tmp_path, fresh_database(postgres_url, "fleet"), redis_url, docker_host)
     built.manage("migrate", "--noinput", "--verbosity", "0")
     try:
         yield built
